@@ -1,0 +1,207 @@
+#pragma once
+// algo::tree — the latency-optimised policy.
+//
+// Broadcast and reduce use a binomial tree (binomial.hpp): ceil(log2 N) steps, but the root
+// sends (or receives) the whole buffer ceil(log2 N) times: T = ceil(log2 N)·(α + D·β [+ D·γ]).
+//
+// All-reduce uses a double binary tree, as NCCL does. A binary tree already halves the binomial
+// tree's depth problem for bandwidth — each rank has at most two children — but half the ranks
+// are leaves that only ever send D bytes up and receive D bytes down, while interior ranks move
+// 3·D. The double tree builds two trees over the same ranks such that a rank that is interior in
+// one is a leaf in the other, and gives each tree half of the buffer; every rank then sends and
+// receives about D bytes in total and the two halves flow at once.
+//
+// Tree A is an in-order binary tree (NCCL's btree): the root is 0, the children of v are v ± b/2
+// where b is v's lowest set bit, so a subtree is a contiguous range of ranks with its root in
+// the middle. Tree B is A shifted by one rank (N odd) or mirrored (N even). Each half is cut into
+// chunks; chunk c moves up the tree (reduce: a rank at height h sends it at step h+c) and then down
+// (broadcast: at depth d it arrives at step H+c+d-1, H the root's height), so chunks pipeline:
+//   steps ≈ 2·H + C - 1 with H = ceil(log2 N) - 1 in the in-order tree;
+//   bytes sent per rank ≈ D (D/2 up and D/2·children down in each tree).
+// This is a reduce followed by a broadcast, not reduce-scatter + all-gather: the tree's natural
+// all-reduce, supplied by the policy (docs/algorithms.md says why).
+//
+// Rank order: an in-order subtree is (left subtree) ⊕ v ⊕ (right subtree), all contiguous, so
+// tree A honours a non-commutative op; for such ops all of the buffer goes through tree A.
+// reduce_scatter is reduce to rank 0 + binomial scatter; all_gather is binomial gather + broadcast.
+#include <algorithm>
+#include <cstddef>
+#include <vector>
+
+#include "../concepts.hpp"
+#include "binomial.hpp"
+#include "problem.hpp"
+#include "tuning.hpp"
+
+namespace collx::algo {
+
+/// One rank's links in a binary tree: parent and up to two children (-1 where absent).
+struct tree_links {
+  int parent = -1;
+  int child[2] = {-1, -1};
+};
+
+/// NCCL's in-order binary tree over n ranks rooted at 0 (see above).
+inline tree_links btree(int n, int v) {
+  tree_links l;
+  int bit = 1;
+  while (bit < n && (bit & v) == 0) bit <<= 1;
+  if (v == 0) {
+    if (n > 1) l.child[1] = bit >> 1;  // the root's only child; every other rank is greater
+    return l;
+  }
+  int up = (v ^ bit) | (bit << 1);
+  if (up >= n) up = v ^ bit;
+  l.parent = up;
+  int low = bit >> 1;
+  if (low != 0) {
+    l.child[0] = v - low;
+    int c1 = v + low;
+    while (low != 0 && c1 >= n) {
+      low >>= 1;
+      c1 = v + low;
+    }
+    l.child[1] = low != 0 ? c1 : -1;
+  }
+  return l;
+}
+
+/// Tree `which` (0 = A, 1 = B) of the double binary tree, for actual rank r.
+inline tree_links dtree(int n, int r, int which) {
+  if (which == 0) return btree(n, r);
+  const bool odd = n % 2 == 1;
+  auto to_v = [&](int a) { return odd ? mod(a - 1, n) : n - 1 - a; };
+  auto to_a = [&](int v) { return v < 0 ? -1 : odd ? mod(v + 1, n) : n - 1 - v; };
+  tree_links l = btree(n, to_v(r));
+  return {to_a(l.parent), {to_a(l.child[0]), to_a(l.child[1])}};
+}
+
+struct tree {
+  using algorithm_policy_concept = algorithm_policy_tag;
+  static constexpr const char* name = "tree";
+  static constexpr bool keeps_rank_order = true;
+
+  /// Pipeline chunk of the double binary tree.
+  std::size_t chunk_bytes = tuning::pipeline_chunk_bytes;
+
+  schedule broadcast(const bcast_problem& p) const {
+    schedule s;
+    binomial::broadcast(s, 0, p.rank, p.size, p.root, {buf::out, 0, p.count});
+    return s;
+  }
+
+  schedule reduce(const reduce_problem& p) const {
+    schedule s;
+    if (p.rank != p.root || !p.commutative) s.need_tmp(p.count);
+    binomial::reduce(s, 0, p.rank, p.size, p.root, {buf::in, 0, p.count}, {buf::out, 0, p.count},
+                     {buf::tmp, 0, p.count}, !p.commutative);
+    return s;
+  }
+
+  schedule reduce_scatter(const rs_problem& p) const {
+    schedule s;
+    const std::size_t total = p.blocks.total;
+    // The full reduction lands at rank 0 in the work buffer (scratch when the output is compact).
+    const buf full = p.work == buf::none ? buf::tmp : p.work;
+    if (full == buf::tmp || p.rank != 0) s.need_tmp(total);
+    const int t = binomial::reduce(s, 0, p.rank, p.size, 0, {p.src, 0, total}, {full, 0, total}, {buf::tmp, 0, total},
+                                   true);
+    binomial::scatter(s, t, p.rank, p.size, 0, p.blocks, full, buf::tmp, p.result());
+    return s;
+  }
+
+  schedule all_gather(const ag_problem& p) const {
+    schedule s;
+    if (!p.in_place) s.copy(p.block(p.rank), {buf::in, 0, p.blocks.count(p.rank)});
+    if (p.size == 1) return s;
+    const int t = binomial::gather(s, 0, p.rank, p.size, 0, p.blocks, buf::out);
+    binomial::broadcast(s, t, p.rank, p.size, 0, {buf::out, 0, p.blocks.total});
+    return s;
+  }
+
+  schedule all_reduce(const ar_problem& p) const {
+    schedule s;
+    const int n = p.size, r = p.rank;
+    if (n == 1) {
+      s.copy({buf::out, 0, p.count}, {p.src, 0, p.count});
+      return s;
+    }
+    const int ntrees = p.commutative ? 2 : 1;
+    const partition halves(p.count, ntrees);
+    std::size_t largest = 0;
+    for (int t = 0; t < ntrees; ++t) largest = std::max(largest, halves.count(t));
+    const int nchunks = chunks(largest, p.elem_size, chunk_bytes).parts;
+
+    struct event {
+      int time, order;
+      bool is_send;
+      int peer;
+      region a, with;
+      combine how;
+    };
+    std::vector<event> ev;
+    int order = 0;
+    for (int t = 0; t < ntrees; ++t) {
+      // Heights and depths of every rank in tree t.
+      std::vector<tree_links> links(static_cast<std::size_t>(n));
+      for (int a = 0; a < n; ++a) links[std::size_t(a)] = dtree(n, a, t);
+      std::vector<int> height(std::size_t(n), -1), depth(std::size_t(n), 0);
+      int root = 0;
+      for (int a = 0; a < n; ++a)
+        if (links[std::size_t(a)].parent < 0) root = a;
+      std::vector<int> order_bfs{root};
+      for (std::size_t i = 0; i < order_bfs.size(); ++i)
+        for (int c : links[std::size_t(order_bfs[i])].child)
+          if (c >= 0) {
+            depth[std::size_t(c)] = depth[std::size_t(order_bfs[i])] + 1;
+            order_bfs.push_back(c);
+          }
+      for (auto it = order_bfs.rbegin(); it != order_bfs.rend(); ++it) {
+        int h = 0;
+        for (int c : links[std::size_t(*it)].child)
+          if (c >= 0) h = std::max(h, height[std::size_t(c)] + 1);
+        height[std::size_t(*it)] = h;
+      }
+      const int H = height[std::size_t(root)];
+      const tree_links& me = links[std::size_t(r)];
+      const partition ch(halves.count(t), nchunks);
+      for (int c = 0; c < nchunks; ++c) {
+        const std::size_t off = halves.offset(t) + ch.offset(c), cnt = ch.count(c);
+        const region out_c{buf::out, off, cnt}, src_c{p.src, off, cnt};
+        // Reduce: receive each child's subtree sum when it is sent (at its height + c); the first
+        // one combines with this rank's input, later ones with the running sum. The left child's
+        // ranks are below this rank, the right child's above: that fixes the operand order.
+        int kids[2] = {me.child[0], me.child[1]};
+        if (kids[0] >= 0 && kids[1] >= 0 && height[std::size_t(kids[1])] < height[std::size_t(kids[0])])
+          std::swap(kids[0], kids[1]);
+        bool have_sum = false;
+        for (int k : kids) {
+          if (k < 0) continue;
+          const bool left_of_me = (t == 0) ? k < r : false;  // only tree A is used for rank order
+          ev.push_back({height[std::size_t(k)] + c, order++, false, k, out_c, have_sum ? out_c : src_c,
+                        left_of_me ? combine::received_left : combine::received_right});
+          have_sum = true;
+        }
+        if (me.parent >= 0) ev.push_back({height[std::size_t(r)] + c, order++, true, me.parent, have_sum ? out_c : src_c, {}, combine::copy});
+        else if (!have_sum) s.copy(out_c, src_c);
+        // Broadcast down: the root sends at H + c; a rank at depth d receives at H + c + d - 1 and
+        // forwards at H + c + d.
+        const int d = depth[std::size_t(r)];
+        if (me.parent >= 0) ev.push_back({H + c + d - 1, order++, false, me.parent, out_c, {}, combine::copy});
+        for (int k : me.child)
+          if (k >= 0) ev.push_back({H + c + d, order++, true, k, out_c, {}, combine::copy});
+      }
+    }
+    std::stable_sort(ev.begin(), ev.end(), [](const event& x, const event& y) {
+      return x.time != y.time ? x.time < y.time : x.order < y.order;
+    });
+    for (const event& e : ev) {
+      s.at(e.time);
+      if (e.is_send) s.send(e.peer, e.a);
+      else s.recv(e.peer, e.a, e.with, e.how);
+    }
+    return s;
+  }
+};
+
+}  // namespace collx::algo

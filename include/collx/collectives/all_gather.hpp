@@ -1,0 +1,38 @@
+#pragma once
+#include "common.hpp"
+
+namespace collx {
+
+namespace detail {
+/// All-gather over any block layout: rank r's block comes from in (or is already at its offset
+/// in out when in_place) and every rank ends with all blocks in out.
+template <class T, class E, class Algo>
+void all_gather_blocks(communicator<T>& comm, const call_info& call, const E* in, E* out, const partition& blocks,
+                       bool in_place, const Algo& a) {
+  static_assert(check_policy<Algo>());
+  static_assert(requires(const algo::ag_problem& p) { a.all_gather(p); },
+                "collx: this policy has no all_gather schedule (ring, tree and recursive_halving have one)");
+  const schedule s = a.all_gather(algo::ag_problem{comm.rank(), comm.size(), blocks, in_place, 0, sizeof(E)});
+  execute(comm, call, s, in, out, no_op{});
+}
+}  // namespace detail
+
+/// All-gather: every rank contributes k elements; every rank receives all n·k, in rank order.
+template <class T, class E, class Algo = algo::automatic>
+void all_gather(communicator<T>& comm, std::span<const std::type_identity_t<E>> in, std::span<E> out, Algo a = {}) {
+  static_assert(std::is_trivially_copyable_v<E>, "collx: element types must be trivially copyable");
+  static_assert(check_policy<Algo>());
+  auto call = detail::make_call<E, no_op>(comm, "all_gather", Algo::name, in.size());
+  const auto n = std::size_t(comm.size());
+  detail::require(out.size() == n * in.size(), call,
+                  "the output has " + detail::n_elems(out.size()) + " but must have size x input = " +
+                      std::to_string(n) + " x " + std::to_string(in.size()));
+  detail::require(!detail::partially_overlap(in, out), call, "the input and output overlap");
+  detail::with_policy<ops::sum>(a, algo::collective::all_gather, comm.size(), out.size_bytes(), call,
+                                [&](const auto& pol) {
+                                  detail::all_gather_blocks(comm, call, in.data(), out.data(),
+                                                            partition(out.size(), comm.size()), false, pol);
+                                });
+}
+
+}  // namespace collx

@@ -1,0 +1,74 @@
+#pragma once
+#include <numeric>
+#include <vector>
+
+#include "common.hpp"
+
+namespace collx {
+
+namespace detail {
+template <class T, class E>
+void all_to_all_run(communicator<T>& comm, const call_info& call, const E* in, E* out,
+                    std::span<const std::size_t> sc, std::span<const std::size_t> rc) {
+  const auto n = std::size_t(comm.size());
+  std::vector<std::size_t> so(n), ro(n);
+  std::exclusive_scan(sc.begin(), sc.end(), so.begin(), std::size_t(0));
+  std::exclusive_scan(rc.begin(), rc.end(), ro.begin(), std::size_t(0));
+  const schedule s = algo::pairwise{}.all_to_all({comm.rank(), comm.size(), sc, so, rc, ro});
+  execute(comm, call, s, in, out, no_op{});
+}
+
+template <class Algo>
+constexpr bool check_a2a_policy() {
+  static_assert(check_policy<Algo>());
+  static_assert(std::is_same_v<Algo, algo::pairwise> || std::is_same_v<Algo, algo::automatic>,
+                "collx: all_to_all runs with collx::algo::pairwise{} (or automatic{}); ring, tree and "
+                "recursive_halving have no all-to-all schedule");
+  return true;
+}
+}  // namespace detail
+
+/// All-to-all: in holds n blocks of k elements, block j for rank j; out receives block i from
+/// rank i at position i.
+template <class T, class E, class Algo = algo::automatic>
+void all_to_all(communicator<T>& comm, std::span<const std::type_identity_t<E>> in, std::span<E> out, Algo = {}) {
+  static_assert(std::is_trivially_copyable_v<E>, "collx: element types must be trivially copyable");
+  static_assert(detail::check_a2a_policy<Algo>());
+  auto call = detail::make_call<E, no_op>(comm, "all_to_all", algo::pairwise::name, in.size());
+  const auto n = std::size_t(comm.size());
+  detail::require(in.size() % n == 0, call,
+                  "the input has " + detail::n_elems(in.size()) + ", not a multiple of the " + std::to_string(n) + " ranks");
+  detail::require(out.size() == in.size(), call,
+                  "the output has " + detail::n_elems(out.size()) + " but the input has " + std::to_string(in.size()));
+  detail::require(!detail::partially_overlap(in, out) && !(in.data() == out.data() && !in.empty()), call,
+                  "the input and output overlap (all_to_all has no in-place form)");
+  const std::vector<std::size_t> counts(n, in.size() / n);
+  detail::all_to_all_run(comm, call, in.data(), out.data(), counts, counts);
+}
+
+/// All-to-all with per-rank counts: in holds send_counts[j] elements for rank j, packed in rank
+/// order; out receives recv_counts[i] elements from rank i, packed in rank order. The counts
+/// must sum to the sizes of in and out, and recv_counts[i] on this rank must equal
+/// send_counts[this rank] on rank i (errc::mismatch otherwise).
+template <class T, class E>
+void all_to_all_v(communicator<T>& comm, std::span<const std::type_identity_t<E>> in,
+                  std::span<const std::size_t> send_counts, std::span<E> out,
+                  std::span<const std::size_t> recv_counts) {
+  static_assert(std::is_trivially_copyable_v<E>, "collx: element types must be trivially copyable");
+  auto call = detail::make_call<E, no_op>(comm, "all_to_all_v", algo::pairwise::name, 0);
+  const auto n = std::size_t(comm.size());
+  detail::require(send_counts.size() == n && recv_counts.size() == n, call,
+                  "send_counts and recv_counts need one entry per rank (" + std::to_string(n) + "), got " +
+                      std::to_string(send_counts.size()) + " and " + std::to_string(recv_counts.size()));
+  const std::size_t ns = std::accumulate(send_counts.begin(), send_counts.end(), std::size_t(0));
+  const std::size_t nr = std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t(0));
+  detail::require(ns == in.size(), call,
+                  "send_counts add up to " + std::to_string(ns) + " but the input has " + detail::n_elems(in.size()));
+  detail::require(nr == out.size(), call,
+                  "recv_counts add up to " + std::to_string(nr) + " but the output has " + detail::n_elems(out.size()));
+  detail::require(!detail::partially_overlap(in, out) && !(in.data() == out.data() && !in.empty()), call,
+                  "the input and output overlap (all_to_all_v has no in-place form)");
+  detail::all_to_all_run(comm, call, in.data(), out.data(), send_counts, recv_counts);
+}
+
+}  // namespace collx

@@ -1,0 +1,22 @@
+#pragma once
+#include "common.hpp"
+
+namespace collx {
+
+/// Broadcast: buf on root is copied to buf on every rank.
+template <class T, class E, class Algo = algo::automatic>
+void broadcast(communicator<T>& comm, std::span<E> buf, int root, Algo a = {}) {
+  static_assert(std::is_trivially_copyable_v<E>, "collx: element types must be trivially copyable");
+  static_assert(check_policy<Algo>());
+  auto call = detail::make_call<E, no_op>(comm, "broadcast", Algo::name, buf.size(), root);
+  detail::require(root >= 0 && root < comm.size(), call,
+                  "root " + std::to_string(root) + " is out of range [0, " + std::to_string(comm.size()) + ")");
+  detail::with_policy<ops::sum>(a, algo::collective::broadcast, comm.size(), buf.size_bytes(), call, [&](const auto& pol) {
+    static_assert(requires(const algo::bcast_problem& p) { pol.broadcast(p); },
+                  "collx: this policy has no broadcast schedule (ring, tree and recursive_halving have one)");
+    const schedule s = pol.broadcast({comm.rank(), comm.size(), root, buf.size(), sizeof(E)});
+    detail::execute(comm, call, s, static_cast<const E*>(buf.data()), buf.data(), no_op{});
+  });
+}
+
+}  // namespace collx

@@ -1,0 +1,62 @@
+#pragma once
+// gather and scatter move each rank's block straight to or from the root: the root receives (or
+// sends) (n-1)·k elements in n-1 messages of one step, the least any algorithm can move through
+// the root, so there is no policy to choose.
+#include "common.hpp"
+
+namespace collx {
+
+namespace detail {
+inline void check_root(int root, int n, const call_info& call) {
+  require(root >= 0 && root < n, call, "root " + std::to_string(root) + " is out of range [0, " + std::to_string(n) + ")");
+}
+}  // namespace detail
+
+/// Gather: the root receives every rank's k elements in out (n·k, rank order); out is unused
+/// elsewhere.
+template <class T, class E>
+void gather(communicator<T>& comm, std::span<const std::type_identity_t<E>> in, std::span<E> out, int root) {
+  static_assert(std::is_trivially_copyable_v<E>, "collx: element types must be trivially copyable");
+  auto call = detail::make_call<E, no_op>(comm, "gather", "direct", in.size(), root);
+  detail::check_root(root, comm.size(), call);
+  const int n = comm.size(), r = comm.rank();
+  const std::size_t k = in.size();
+  schedule s;
+  if (r == root) {
+    detail::require(out.size() == std::size_t(n) * k, call,
+                    "the output at the root has " + detail::n_elems(out.size()) + " but must have size x input = " +
+                        std::to_string(n) + " x " + std::to_string(k));
+    detail::require(!detail::partially_overlap(in, out), call, "the input and output overlap");
+    s.copy({buf::out, std::size_t(r) * k, k}, {buf::in, 0, k});
+    for (int i = 0; i < n; ++i)
+      if (i != r) s.recv(i, {buf::out, std::size_t(i) * k, k});
+  } else {
+    s.send(root, {buf::in, 0, k});
+  }
+  detail::execute(comm, call, s, in.data(), out.data(), no_op{});
+}
+
+/// Scatter: the root's in (n·k elements, rank order) is split so rank i receives block i in out.
+template <class T, class E>
+void scatter(communicator<T>& comm, std::span<const std::type_identity_t<E>> in, std::span<E> out, int root) {
+  static_assert(std::is_trivially_copyable_v<E>, "collx: element types must be trivially copyable");
+  auto call = detail::make_call<E, no_op>(comm, "scatter", "direct", out.size(), root);
+  detail::check_root(root, comm.size(), call);
+  const int n = comm.size(), r = comm.rank();
+  const std::size_t k = out.size();
+  schedule s;
+  if (r == root) {
+    detail::require(in.size() == std::size_t(n) * k, call,
+                    "the input at the root has " + detail::n_elems(in.size()) + " but must have size x output = " +
+                        std::to_string(n) + " x " + std::to_string(k));
+    detail::require(!detail::partially_overlap(in, out), call, "the input and output overlap");
+    s.copy({buf::out, 0, k}, {buf::in, std::size_t(r) * k, k});
+    for (int i = 0; i < n; ++i)
+      if (i != r) s.send(i, {buf::in, std::size_t(i) * k, k});
+  } else {
+    s.recv(root, {buf::out, 0, k});
+  }
+  detail::execute(comm, call, s, in.data(), out.data(), no_op{});
+}
+
+}  // namespace collx

@@ -1,0 +1,41 @@
+#pragma once
+#include "common.hpp"
+
+namespace collx {
+
+namespace detail {
+/// Reduce-scatter over any block layout: the input blocks lie in `src` (in, or out when in
+/// place) at `blocks`' offsets; `work` is buf::out when the output has the full layout (the rank's
+/// block lands at its offset), buf::none when the output holds only the rank's block.
+template <class T, class E, class Op, class Algo>
+void reduce_scatter_blocks(communicator<T>& comm, const call_info& call, const E* in, E* out, const partition& blocks,
+                           buf src, buf work, const Op& op, const Algo& a) {
+  static_assert(check_reducing<E, Op, Algo>());
+  static_assert(requires(const algo::rs_problem& p) { a.reduce_scatter(p); },
+                "collx: this policy has no reduce_scatter schedule (ring, tree and recursive_halving have one)");
+  const algo::rs_problem p{comm.rank(), comm.size(), blocks, src, work, sizeof(E)};
+  schedule s = a.reduce_scatter(p);
+  s.finalize(p.result());
+  execute(comm, call, s, in, out, op);
+}
+}  // namespace detail
+
+/// Reduce-scatter: in holds n·k elements (k per rank, in rank order); rank r receives the
+/// reduction of everyone's r-th block in out (k elements).
+template <class T, class E, class Op, class Algo = algo::automatic>
+void reduce_scatter(communicator<T>& comm, std::span<const std::type_identity_t<E>> in, std::span<E> out, Op op,
+                    Algo a = {}) {
+  static_assert(detail::check_reducing<E, Op, Algo>());
+  auto call = detail::make_call<E, Op>(comm, "reduce_scatter", Algo::name, out.size());
+  const auto n = std::size_t(comm.size());
+  detail::require(in.size() == n * out.size(), call,
+                  "the input has " + detail::n_elems(in.size()) + " but must have size x output = " +
+                      std::to_string(n) + " x " + std::to_string(out.size()));
+  detail::require(!detail::partially_overlap(in, out), call, "the input and output overlap");
+  detail::with_policy<Op>(a, algo::collective::reduce_scatter, comm.size(), in.size_bytes(), call, [&](const auto& pol) {
+    detail::reduce_scatter_blocks(comm, call, in.data(), out.data(), partition(in.size(), comm.size()), buf::in,
+                                  buf::none, op, pol);
+  });
+}
+
+}  // namespace collx

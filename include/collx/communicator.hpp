@@ -1,0 +1,74 @@
+#pragma once
+// communicator<Transport>: a rank's handle on a job. It owns the transport, the options, the
+// sequence number of collective calls (every rank numbers its calls the same way, so the number
+// identifies a call across ranks in error messages), and scratch memory reused across calls.
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "concepts.hpp"
+#include "error.hpp"
+
+namespace collx {
+
+namespace detail {
+/// options::timeout's default: COLLX_TIMEOUT_S (seconds, may be fractional) or 300 s.
+inline std::chrono::nanoseconds default_timeout() {
+  const char* env = std::getenv("COLLX_TIMEOUT_S");
+  if (env == nullptr || *env == 0) return std::chrono::seconds(300);
+  char* end = nullptr;
+  const double s = std::strtod(env, &end);
+  if (end == env || *end != 0 || !(s > 0) || s > 1e9)
+    throw error(errc::invalid_argument, std::string("COLLX_TIMEOUT_S=\"") + env + "\" is not a positive number of seconds");
+  return std::chrono::nanoseconds(static_cast<std::int64_t>(s * 1e9));
+}
+}  // namespace detail
+
+struct options {
+  /// The longest any single wait may take before the call fails with errc::timeout.
+  std::chrono::nanoseconds timeout = detail::default_timeout();
+};
+
+template <class T>
+class communicator {
+  static_assert(check_transport<T>());
+
+ public:
+  using transport_type = T;
+
+  explicit communicator(T t, options o = {}) : t_(std::move(t)), opts_(o) {}
+
+  int rank() const noexcept { return t_.rank(); }
+  int size() const noexcept { return t_.size(); }
+  const options& opts() const noexcept { return opts_; }
+  T& transport() noexcept { return t_; }
+  const T& transport() const noexcept { return t_; }
+
+  /// The sequence number of the next collective call (1-based).
+  std::uint64_t next_seq() noexcept { return ++seq_; }
+  std::uint64_t calls() const noexcept { return seq_; }
+
+  /// Scratch memory for schedules that need it; grows, never shrinks, reused across calls.
+  std::byte* scratch(std::size_t bytes) {
+    if (scratch_.size() < bytes) scratch_.resize(bytes);
+    return scratch_.data();
+  }
+
+ private:
+  T t_;
+  options opts_;
+  std::uint64_t seq_ = 0;
+  // aligned storage: max_align_t-sized elements
+  struct alignas(64) line { std::byte b[64]; };
+  struct bytes_vec {
+    std::vector<line> v;
+    std::size_t size() const { return v.size() * sizeof(line); }
+    void resize(std::size_t n) { v.resize((n + sizeof(line) - 1) / sizeof(line)); }
+    std::byte* data() { return v.empty() ? nullptr : v.front().b; }
+  } scratch_;
+};
+
+}  // namespace collx

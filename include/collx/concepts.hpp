@@ -1,0 +1,149 @@
+#pragma once
+// The three concepts collx is built from. A type opts in with a tag member, so nothing matches by
+// accident (the stdexec way):
+//   struct my_transport { using transport_concept = collx::transport_tag; ... };
+//   struct my_policy    { using algorithm_policy_concept = collx::algorithm_policy_tag; ... };
+//   struct my_op        { using reduction_op_concept = collx::reduction_op_tag; E operator()(E, E) const; };
+// Each check_* below turns a failed concept into a static_assert that names what is missing.
+#include <concepts>
+#include <cstddef>
+#include <span>
+#include <string>
+#include <type_traits>
+
+#include "schedule.hpp"
+
+namespace collx {
+
+struct transport_tag {};
+struct algorithm_policy_tag {};
+struct reduction_op_tag {};
+
+/// Where a transport's buffers live. Host transports use host_memory; a device transport names
+/// its own space and supplies the combine routine for it.
+struct host_memory {};
+
+// ---- what a transport exchanges -------------------------------------------------------------
+
+/// Type-erased reduction over raw memory: dst[i] = left[i] ⊕ right[i] for n elements. dst may
+/// equal left or right (in-place accumulation); other overlap is not allowed.
+struct combiner {
+  void (*fn)(const void* op, void* dst, const void* left, const void* right, std::size_t n) = nullptr;
+  const void* op = nullptr;
+  std::size_t elem_size = 1;
+  void operator()(void* dst, const void* left, const void* right, std::size_t n) const { fn(op, dst, left, right, n); }
+};
+
+struct send_desc {
+  int peer;
+  const std::byte* data;
+  std::size_t bytes;
+};
+
+struct recv_desc {
+  int peer;
+  std::byte* dst;
+  std::size_t bytes;
+  const std::byte* with;  // the local operand, or nullptr for a plain copy
+  combine how;
+};
+
+struct call_info;  // signature.hpp
+
+/// What a transport needs to run one step: the call (for matching and for error messages), how
+/// to reduce, and the deadline for each wait.
+struct exchange_context {
+  const call_info* call;
+  combiner comb;
+};
+
+// ---- Transport ------------------------------------------------------------------------------
+
+template <class T>
+concept Transport = requires { typename T::transport_concept; } &&
+                    std::same_as<typename T::transport_concept, transport_tag> &&
+                    requires(T& t, const T& ct, std::span<const send_desc> s, std::span<const recv_desc> r,
+                             const exchange_context& ctx, const std::string& why) {
+                      typename T::memory_space;
+                      { ct.rank() } -> std::convertible_to<int>;
+                      { ct.size() } -> std::convertible_to<int>;
+                      t.exchange(s, r, ctx);  // run one step: post the sends, serve the receives, wait
+                      t.abort(why);           // poison the communicator after a failure on this rank
+                    };
+
+template <class T>
+constexpr bool check_transport() {
+  static_assert(requires { typename T::transport_concept; },
+                "collx: not a transport: add `using transport_concept = collx::transport_tag;` to the type");
+  if constexpr (requires { typename T::transport_concept; }) {
+    static_assert(std::same_as<typename T::transport_concept, transport_tag>,
+                  "collx: transport_concept must be collx::transport_tag");
+    static_assert(requires { typename T::memory_space; },
+                  "collx: a transport must name its memory_space (collx::host_memory for host buffers)");
+    static_assert(requires(const T& t) { { t.rank() } -> std::convertible_to<int>; },
+                  "collx: a transport needs `int rank() const`");
+    static_assert(requires(const T& t) { { t.size() } -> std::convertible_to<int>; },
+                  "collx: a transport needs `int size() const`");
+    static_assert(requires(T& t, std::span<const send_desc> s, std::span<const recv_desc> r, const exchange_context& c) {
+                    t.exchange(s, r, c);
+                  },
+                  "collx: a transport needs `void exchange(span<const send_desc>, span<const recv_desc>, "
+                  "const exchange_context&)`");
+    static_assert(requires(T& t, const std::string& w) { t.abort(w); },
+                  "collx: a transport needs `void abort(const std::string&)`");
+  }
+  return true;
+}
+
+// ---- AlgorithmPolicy ------------------------------------------------------------------------
+
+template <class A>
+concept AlgorithmPolicy = requires { typename A::algorithm_policy_concept; } &&
+                          std::same_as<typename A::algorithm_policy_concept, algorithm_policy_tag> &&
+                          requires { { A::name } -> std::convertible_to<const char*>; };
+
+template <class A>
+constexpr bool check_policy() {
+  static_assert(requires { typename A::algorithm_policy_concept; },
+                "collx: not an algorithm policy: pass collx::algo::ring{}, tree{}, recursive_halving{}, "
+                "pairwise{} or automatic{}, or add `using algorithm_policy_concept = collx::algorithm_policy_tag;`");
+  if constexpr (requires { typename A::algorithm_policy_concept; }) {
+    static_assert(std::same_as<typename A::algorithm_policy_concept, algorithm_policy_tag>,
+                  "collx: algorithm_policy_concept must be collx::algorithm_policy_tag");
+    static_assert(requires { { A::name } -> std::convertible_to<const char*>; },
+                  "collx: an algorithm policy needs `static constexpr const char* name`");
+  }
+  return true;
+}
+
+// ---- ReductionOp ----------------------------------------------------------------------------
+
+template <class Op, class E>
+concept ReductionOp = requires { typename Op::reduction_op_concept; } &&
+                      std::same_as<typename Op::reduction_op_concept, reduction_op_tag> &&
+                      std::is_trivially_copyable_v<E> && std::is_invocable_r_v<E, const Op&, E, E>;
+
+template <class Op, class E>
+constexpr bool check_op() {
+  static_assert(std::is_trivially_copyable_v<E>, "collx: element types must be trivially copyable");
+  static_assert(requires { typename Op::reduction_op_concept; },
+                "collx: not a reduction op: add `using reduction_op_concept = collx::reduction_op_tag;` to the "
+                "functor, or wrap a lambda with collx::ops::make(f)");
+  if constexpr (requires { typename Op::reduction_op_concept; }) {
+    static_assert(std::same_as<typename Op::reduction_op_concept, reduction_op_tag>,
+                  "collx: reduction_op_concept must be collx::reduction_op_tag");
+    static_assert(std::is_invocable_r_v<E, const Op&, E, E>,
+                  "collx: this op cannot reduce this element type: it needs `E operator()(E, E) const` "
+                  "(bitwise ops take integer types only)");
+  }
+  return true;
+}
+
+/// A functor is commutative unless it says otherwise with `static constexpr bool commutative = false;`.
+template <class Op>
+constexpr bool is_commutative_v = [] {
+  if constexpr (requires { Op::commutative; }) return bool(Op::commutative);
+  else return true;
+}();
+
+}  // namespace collx

@@ -1,0 +1,99 @@
+#pragma once
+// The one executor loop: runs a rank's schedule over its communicator's transport. For each step
+// it performs the local copies, then hands the step's sends and receives to the transport in one
+// exchange call (so a transport can overlap them: a ring step sends and receives at once), and at
+// the end applies the op's finalize (avg's division) to the regions the schedule names.
+//
+// Any failure poisons the communicator through transport.abort(), so peers stop waiting for this
+// rank and fail fast with errc::peer_lost instead of running into their timeouts.
+#include <cstring>
+#include <exception>
+#include <span>
+#include <vector>
+
+#include "communicator.hpp"
+#include "ops/apply.hpp"
+#include "ops/ops.hpp"
+#include "schedule.hpp"
+#include "signature.hpp"
+
+namespace collx {
+
+/// Marker for collectives that reduce nothing.
+struct no_op {};
+
+namespace detail {
+
+template <class T, class E, class Op>
+void execute(communicator<T>& comm, const call_info& call, const schedule& s, const E* in, E* out, const Op& op) {
+  E* tmp = s.tmp_elems() ? reinterpret_cast<E*>(comm.scratch(s.tmp_elems() * sizeof(E))) : nullptr;
+  auto ptr = [&](const region& r) -> std::byte* {
+    E* base = r.b == buf::in ? const_cast<E*>(in) : r.b == buf::out ? out : r.b == buf::tmp ? tmp : nullptr;
+    return base == nullptr ? nullptr : reinterpret_cast<std::byte*>(base + r.offset);
+  };
+  combiner comb;
+  if constexpr (!std::is_same_v<Op, no_op>) comb = ops::host_combiner<E>(op);
+  comb.elem_size = sizeof(E);
+  const exchange_context ctx{&call, comb};
+
+  thread_local std::vector<send_desc> sends;
+  thread_local std::vector<recv_desc> recvs;
+  try {
+    for (const step& st : s.steps()) {
+      for (auto i = st.copies_begin; i < st.copies_end; ++i) {
+        const copy_op& c = s.copies()[i];
+        std::memmove(ptr(c.dst), ptr(c.src), c.src.count * sizeof(E));
+      }
+      sends.clear();
+      recvs.clear();
+      for (auto i = st.sends_begin; i < st.sends_end; ++i) {
+        const send_op& o = s.sends()[i];
+        sends.push_back({o.peer, ptr(o.src), o.src.count * sizeof(E)});
+      }
+      for (auto i = st.recvs_begin; i < st.recvs_end; ++i) {
+        const recv_op& o = s.recvs()[i];
+        recvs.push_back({o.peer, ptr(o.dst), o.dst.count * sizeof(E), o.how == combine::copy ? nullptr : ptr(o.with), o.how});
+      }
+      if (!sends.empty() || !recvs.empty()) comm.transport().exchange(sends, recvs, ctx);
+    }
+    if constexpr (has_finalize_v<Op, E>) {
+      for (const region& r : s.finals()) {
+        E* p = reinterpret_cast<E*>(ptr(r));
+        for (std::size_t i = 0; i < r.count; ++i) p[i] = Op::finalize(p[i], comm.size());
+      }
+    }
+  } catch (const std::exception& e) {
+    comm.transport().abort(e.what());
+    throw;
+  }
+}
+
+/// Builds the call_info every collective starts with; the sequence number advances here.
+template <class E, class Op, class T>
+call_info make_call(communicator<T>& comm, const char* collective, const char* policy, std::size_t count, int root = -1) {
+  call_info c;
+  detail::set_name(c.sig.collective, collective);
+  detail::set_name(c.sig.policy, policy);
+  if constexpr (!std::is_same_v<Op, no_op>) {
+    if constexpr (requires { Op::name; }) detail::set_name(c.sig.op, Op::name);
+    else detail::set_name(c.sig.op, detail::type_name<Op>());
+    c.sig.op_hash = detail::fnv1a(detail::type_name<Op>());
+  }
+  c.sig.seq = comm.next_seq();
+  c.sig.count = count;
+  c.sig.elem_size = std::uint32_t(sizeof(E));
+  c.sig.root = root;
+  c.rank = comm.rank();
+  c.timeout = comm.opts().timeout;
+  return c;
+}
+
+/// Argument checks, done before anything is sent. A failure here does not poison the
+/// communicator: the peers will see this rank's failure as a timeout or a later mismatch only if
+/// the caller goes on with different calls.
+inline void require(bool ok, const call_info& call, const std::string& what) {
+  if (!ok) call.fail(errc::invalid_argument, what);
+}
+
+}  // namespace detail
+}  // namespace collx

@@ -1,0 +1,67 @@
+#pragma once
+// launch_threads(n, f, options): runs f(comm) on n thread-ranks over transport::inproc and
+// rethrows the first failure once every thread has ended. A rank that throws poisons the job, so
+// the others fail fast (errc::peer_lost) instead of waiting for it until their timeout.
+//
+//   collx::launch_threads(8, [](auto& comm) { ... });
+//   collx::launch_threads<collx::transport::counting>(8, [](auto& comm) { comm.transport().counts(); });
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "communicator.hpp"
+#include "error.hpp"
+#include "transport/inproc.hpp"
+
+namespace collx {
+
+namespace detail {
+template <class T>
+using no_decorator = T;
+}  // namespace detail
+
+template <template <class> class Decorator, class F>
+void launch_threads(int n, F&& f, options opts = {}) {
+  if (n < 1) throw error(errc::invalid_argument, "launch_threads: the rank count must be at least 1, got " + std::to_string(n));
+  using transport_t = Decorator<transport::inproc>;
+  auto g = std::make_shared<transport::inproc::group>(n);
+  std::mutex mu;
+  std::exception_ptr first;
+  auto body = [&](int r) {
+    communicator<transport_t> comm{transport_t{transport::inproc{g, r}}, opts};
+    try {
+      f(comm);
+      g->leave(r, false, {});
+    } catch (const std::exception& e) {
+      g->leave(r, true, e.what());
+      std::lock_guard lk(mu);
+      if (!first) first = std::current_exception();
+    } catch (...) {
+      g->leave(r, true, "unknown exception");
+      std::lock_guard lk(mu);
+      if (!first) first = std::current_exception();
+    }
+  };
+  std::vector<std::thread> threads;
+  threads.reserve(std::size_t(n));
+  try {
+    for (int r = 1; r < n; ++r) threads.emplace_back(body, r);
+  } catch (const std::exception& e) {  // could not start every thread: fail the ranks that did not start
+    for (int r = int(threads.size()) + 1; r < n; ++r) g->leave(r, true, std::string("thread did not start: ") + e.what());
+    std::lock_guard lk(mu);
+    first = std::current_exception();
+  }
+  body(0);  // rank 0 runs on the calling thread
+  for (auto& t : threads) t.join();
+  if (first) std::rethrow_exception(first);
+}
+
+template <class F>
+void launch_threads(int n, F&& f, options opts = {}) {
+  launch_threads<detail::no_decorator>(n, std::forward<F>(f), opts);
+}
+
+}  // namespace collx

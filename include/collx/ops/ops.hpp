@@ -1,0 +1,107 @@
+#pragma once
+// The built-in reduction functors. Each is a template over the element type, tagged as a
+// reduction op, and says whether it is commutative. Arithmetic on half/bfloat16 widens to float
+// through their conversion operators and rounds once when the result is stored back.
+#include <type_traits>
+#include <utility>
+
+#include "../concepts.hpp"
+#include "../types.hpp"
+
+namespace collx::ops {
+
+struct sum {
+  using reduction_op_concept = reduction_op_tag;
+  static constexpr const char* name = "sum";
+  template <class T>
+  constexpr T operator()(const T& a, const T& b) const {
+    if constexpr (is_reduced_float_v<T>) return T(float(a) + float(b));
+    else return T(a + b);
+  }
+};
+
+struct prod {
+  using reduction_op_concept = reduction_op_tag;
+  static constexpr const char* name = "prod";
+  template <class T>
+  constexpr T operator()(const T& a, const T& b) const {
+    if constexpr (is_reduced_float_v<T>) return T(float(a) * float(b));
+    else return T(a * b);
+  }
+};
+
+struct min {
+  using reduction_op_concept = reduction_op_tag;
+  static constexpr const char* name = "min";
+  template <class T>
+  constexpr T operator()(const T& a, const T& b) const {
+    if constexpr (is_reduced_float_v<T>) return float(b) < float(a) ? b : a;
+    else return b < a ? b : a;
+  }
+};
+
+struct max {
+  using reduction_op_concept = reduction_op_tag;
+  static constexpr const char* name = "max";
+  template <class T>
+  constexpr T operator()(const T& a, const T& b) const {
+    if constexpr (is_reduced_float_v<T>) return float(a) < float(b) ? b : a;
+    else return a < b ? b : a;
+  }
+};
+
+/// Average: reduces like sum; the owner of each reduced element divides by the rank count once at
+/// the end (integer division for integers).
+struct avg : sum {
+  static constexpr const char* name = "avg";
+  template <class T>
+  static constexpr T finalize(const T& x, int n) {
+    if constexpr (is_reduced_float_v<T>) return T(float(x) / float(n));
+    else return T(x / static_cast<T>(n));
+  }
+};
+
+struct band {
+  using reduction_op_concept = reduction_op_tag;
+  static constexpr const char* name = "band";
+  template <class T> requires std::is_integral_v<T>
+  constexpr T operator()(T a, T b) const { return T(a & b); }
+};
+
+struct bor {
+  using reduction_op_concept = reduction_op_tag;
+  static constexpr const char* name = "bor";
+  template <class T> requires std::is_integral_v<T>
+  constexpr T operator()(T a, T b) const { return T(a | b); }
+};
+
+struct bxor {
+  using reduction_op_concept = reduction_op_tag;
+  static constexpr const char* name = "bxor";
+  template <class T> requires std::is_integral_v<T>
+  constexpr T operator()(T a, T b) const { return T(a ^ b); }
+};
+
+/// Wraps any callable E(E, E) as a reduction op; Commutative=false makes every policy keep rank
+/// order (in0 ⊕ in1 ⊕ ... ⊕ in(n-1)) or refuse to compile.
+template <class F, bool Commutative = true>
+struct function {
+  using reduction_op_concept = reduction_op_tag;
+  static constexpr bool commutative = Commutative;
+  F f;
+  template <class T>
+  constexpr T operator()(const T& a, const T& b) const { return f(a, b); }
+};
+
+template <bool Commutative = true, class F>
+constexpr function<std::decay_t<F>, Commutative> make(F&& f) {
+  return {std::forward<F>(f)};
+}
+
+}  // namespace collx::ops
+
+namespace collx {
+/// True when Op divides at the end (avg).
+template <class Op, class E>
+inline constexpr bool has_finalize_v = requires(const E& x) { Op::finalize(x, 1); };
+}  // namespace collx

@@ -1,0 +1,157 @@
+#pragma once
+// A schedule is what a policy produces and what the executor runs: for one rank, an ordered list
+// of steps, each a set of local copies followed by sends and receives that proceed together.
+// Policies are pure functions from a problem (rank, size, partition, root, ...) to a schedule;
+// they do no I/O. The executor (executor.hpp) is the one loop that turns steps into transport
+// calls, the model walks the same data to count steps and bytes, and examples print it.
+//
+// Regions name a buffer (the caller's input, the caller's output, or scratch owned by the call)
+// and an element range in it, so a schedule is independent of the element type and of where the
+// memory lives (host or device: that is the transport's business).
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace collx {
+
+enum class buf : std::uint8_t { none, in, out, tmp };
+
+struct region {
+  buf b = buf::none;
+  std::size_t offset = 0;  // elements
+  std::size_t count = 0;   // elements
+  constexpr region sub(std::size_t off, std::size_t n) const { return {b, offset + off, n}; }
+  friend constexpr bool operator==(const region&, const region&) = default;
+};
+
+/// How a received block combines with a local one.
+enum class combine : std::uint8_t {
+  copy,           // dst = received
+  received_left,  // dst = received ⊕ with   (the sender holds lower-ranked contributions)
+  received_right  // dst = with ⊕ received   (the sender holds higher-ranked contributions)
+};
+
+struct copy_op { region dst, src; };
+struct send_op { int peer; region src; };
+struct recv_op {
+  int peer;
+  region dst;
+  region with;  // the local operand when combining; ignored for combine::copy
+  combine how = combine::copy;
+};
+
+/// One step: its index on the global timeline (steps of all ranks with equal time run
+/// together), and the ranges of its operations in the schedule's flat arrays.
+struct step {
+  int time = 0;
+  std::uint32_t copies_begin = 0, copies_end = 0;
+  std::uint32_t sends_begin = 0, sends_end = 0;
+  std::uint32_t recvs_begin = 0, recvs_end = 0;
+};
+
+class schedule {
+ public:
+  /// Starts a new step at `time` (default: the step after the last one).
+  void next_step(int time = -1) {
+    if (time < 0) time = steps_.empty() ? 0 : steps_.back().time + 1;
+    const auto c = std::uint32_t(copies_.size()), s = std::uint32_t(sends_.size()), r = std::uint32_t(recvs_.size());
+    steps_.push_back({time, c, c, s, s, r, r});
+  }
+  /// The step at `time`, creating it if the last step is earlier. Steps are appended in time order.
+  void at(int time) {
+    if (steps_.empty() || steps_.back().time != time) next_step(time);
+  }
+  void copy(region dst, region src) {
+    if (dst == src || dst.count == 0) return;
+    ensure_step();
+    copies_.push_back({dst, src});
+    steps_.back().copies_end = std::uint32_t(copies_.size());
+  }
+  void send(int peer, region src) {
+    ensure_step();
+    sends_.push_back({peer, src});
+    steps_.back().sends_end = std::uint32_t(sends_.size());
+  }
+  void recv(int peer, region dst, region with = {}, combine how = combine::copy) {
+    ensure_step();
+    recvs_.push_back({peer, dst, with, how});
+    steps_.back().recvs_end = std::uint32_t(recvs_.size());
+  }
+  /// Scratch elements the schedule uses (buf::tmp).
+  void need_tmp(std::size_t elems) { tmp_ = std::max(tmp_, elems); }
+  /// A region the op's finalize (avg: divide by n) applies to at the end.
+  void finalize(region r) { finals_.push_back(r); }
+
+  /// Appends `other` after this schedule on the timeline.
+  void append(const schedule& other) {
+    const int shift = steps_.empty() ? 0 : steps_.back().time + 1;
+    for (const step& st : other.steps_) {
+      next_step(st.time + shift);
+      for (auto i = st.copies_begin; i < st.copies_end; ++i) copy(other.copies_[i].dst, other.copies_[i].src);
+      for (auto i = st.sends_begin; i < st.sends_end; ++i) send(other.sends_[i].peer, other.sends_[i].src);
+      for (auto i = st.recvs_begin; i < st.recvs_end; ++i) {
+        const auto& r = other.recvs_[i];
+        recv(r.peer, r.dst, r.with, r.how);
+      }
+    }
+    need_tmp(other.tmp_);
+    finals_.insert(finals_.end(), other.finals_.begin(), other.finals_.end());
+  }
+
+  const std::vector<step>& steps() const noexcept { return steps_; }
+  const std::vector<copy_op>& copies() const noexcept { return copies_; }
+  const std::vector<send_op>& sends() const noexcept { return sends_; }
+  const std::vector<recv_op>& recvs() const noexcept { return recvs_; }
+  const std::vector<region>& finals() const noexcept { return finals_; }
+  std::size_t tmp_elems() const noexcept { return tmp_; }
+  /// Time of the last step + 1: this rank's length on the global timeline.
+  int span() const noexcept { return steps_.empty() ? 0 : steps_.back().time + 1; }
+
+ private:
+  void ensure_step() {
+    if (steps_.empty()) next_step(0);
+  }
+  std::vector<step> steps_;
+  std::vector<copy_op> copies_;
+  std::vector<send_op> sends_;
+  std::vector<recv_op> recvs_;
+  std::vector<region> finals_;
+  std::size_t tmp_ = 0;
+};
+
+inline const char* to_string(buf b) noexcept {
+  switch (b) {
+    case buf::in: return "in";
+    case buf::out: return "out";
+    case buf::tmp: return "tmp";
+    default: return "-";
+  }
+}
+
+inline std::string to_string(const region& r) {
+  return std::string(to_string(r.b)) + "[" + std::to_string(r.offset) + "+" + std::to_string(r.count) + "]";
+}
+
+/// A human-readable listing of one rank's schedule: one line per operation, prefixed by its step time.
+inline std::string describe(const schedule& s) {
+  std::string o;
+  for (const step& st : s.steps()) {
+    const std::string t = "  t" + std::to_string(st.time) + ": ";
+    for (auto i = st.copies_begin; i < st.copies_end; ++i)
+      o += t + "copy " + to_string(s.copies()[i].src) + " -> " + to_string(s.copies()[i].dst) + "\n";
+    for (auto i = st.sends_begin; i < st.sends_end; ++i)
+      o += t + "send " + to_string(s.sends()[i].src) + " -> rank " + std::to_string(s.sends()[i].peer) + "\n";
+    for (auto i = st.recvs_begin; i < st.recvs_end; ++i) {
+      const recv_op& r = s.recvs()[i];
+      o += t + "recv rank " + std::to_string(r.peer) + " -> " + to_string(r.dst);
+      if (r.how == combine::received_left) o += " = recv (+) " + to_string(r.with);
+      if (r.how == combine::received_right) o += " = " + to_string(r.with) + " (+) recv";
+      o += "\n";
+    }
+  }
+  return o;
+}
+
+}  // namespace collx

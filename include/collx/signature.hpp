@@ -1,0 +1,105 @@
+#pragma once
+// What every rank of a collective must agree on, and how disagreements are reported. Each message
+// carries its sender's call_signature; the receiver compares it with its own, so ranks that make
+// different calls (collective, sequence number, count, element size, root, op, policy) fail with
+// errc::mismatch and a message that prints both sides, instead of exchanging wrong data.
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+#include "error.hpp"
+
+namespace collx {
+
+namespace detail {
+template <class T>
+constexpr std::string_view type_name() {
+  std::string_view p = __PRETTY_FUNCTION__;
+  const auto b = p.find("T = ") + 4;
+  const auto e = p.find_first_of(";]", b);
+  return p.substr(b, e - b);
+}
+
+constexpr std::uint64_t fnv1a(std::string_view s) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (char c : s) h = (h ^ std::uint64_t(static_cast<unsigned char>(c))) * 1099511628211ull;
+  return h;
+}
+
+template <std::size_t N>
+void set_name(char (&dst)[N], std::string_view s) {
+  std::memset(dst, 0, N);
+  if (s.size() >= N) s = s.substr(s.size() - (N - 1));  // keep the tail: the most specific part of a type name
+  std::memcpy(dst, s.data(), s.size());
+}
+
+inline std::string format_seconds(std::chrono::nanoseconds d) {
+  const double s = std::chrono::duration<double>(d).count();
+  char b[32];
+  std::snprintf(b, sizeof b, s >= 1 ? "%.0f s" : "%.3g s", s);
+  return b;
+}
+}  // namespace detail
+
+/// Trivially copyable, fixed size: it travels in message headers on wire transports.
+struct call_signature {
+  char collective[16] = {};
+  char policy[24] = {};
+  char op[40] = {};
+  std::uint64_t seq = 0;
+  std::uint64_t count = 0;
+  std::uint64_t op_hash = 0;
+  std::uint32_t elem_size = 0;
+  std::int32_t root = -1;
+
+  friend bool operator==(const call_signature& a, const call_signature& b) {
+    return a.seq == b.seq && a.count == b.count && a.op_hash == b.op_hash && a.elem_size == b.elem_size &&
+           a.root == b.root && std::strncmp(a.collective, b.collective, sizeof a.collective) == 0 &&
+           std::strncmp(a.policy, b.policy, sizeof a.policy) == 0;
+  }
+
+  /// "all_reduce #42 (ring, sum, 1000 x 4 B)"
+  std::string describe() const {
+    std::string s = std::string(collective, strnlen(collective, sizeof collective)) + " #" + std::to_string(seq) + " (" +
+                    std::string(policy, strnlen(policy, sizeof policy));
+    if (op[0] != 0) s += ", " + std::string(op, strnlen(op, sizeof op));
+    s += ", " + std::to_string(count) + " x " + std::to_string(elem_size) + " B";
+    if (root >= 0) s += ", root " + std::to_string(root);
+    return s + ")";
+  }
+};
+
+/// One call of a collective on one rank: its signature, this rank, and the deadline of each wait.
+struct call_info {
+  call_signature sig;
+  int rank = 0;
+  std::chrono::nanoseconds timeout{};
+
+  /// "all_reduce #42 (ring): rank 3"
+  std::string prefix() const {
+    return std::string(sig.collective, strnlen(sig.collective, sizeof sig.collective)) + " #" + std::to_string(sig.seq) +
+           " (" + std::string(sig.policy, strnlen(sig.policy, sizeof sig.policy)) + "): rank " + std::to_string(rank);
+  }
+
+  [[noreturn]] void fail(errc e, const std::string& what) const { throw error(e, prefix() + " " + what); }
+
+  [[noreturn]] void timed_out(int peer, const char* waiting_for) const {
+    fail(errc::timeout, "timed out after " + detail::format_seconds(timeout) + " waiting for rank " +
+                            std::to_string(peer) + " (" + waiting_for + ")");
+  }
+
+  /// Compares the signature and size of a message from `peer` with what this rank expects.
+  void check_match(int peer, const call_signature& theirs, std::size_t their_bytes, std::size_t my_bytes) const {
+    if (!(theirs == sig))
+      fail(errc::mismatch, "and rank " + std::to_string(peer) + " made different calls: this rank called " +
+                               sig.describe() + ", rank " + std::to_string(peer) + " called " + theirs.describe());
+    if (their_bytes != my_bytes)
+      fail(errc::mismatch, "expected " + std::to_string(my_bytes) + " B from rank " + std::to_string(peer) +
+                               " but it sent " + std::to_string(their_bytes) + " B (counts differ between ranks)");
+  }
+};
+
+}  // namespace collx

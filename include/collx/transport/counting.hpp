@@ -1,0 +1,59 @@
+#pragma once
+// transport::counting<T>: a decorator that records what a rank sends, receives and reduces, step
+// by step, and otherwise forwards to T. Tests compare these counts with each policy's cost
+// formula; the model compares them with its own walk of the schedule.
+#include <cstdint>
+#include <span>
+#include <utility>
+
+#include "../concepts.hpp"
+
+namespace collx::transport {
+
+struct traffic {
+  std::uint64_t steps = 0;              // exchange calls that moved at least one message
+  std::uint64_t messages_sent = 0;
+  std::uint64_t bytes_sent = 0;
+  std::uint64_t messages_received = 0;
+  std::uint64_t bytes_received = 0;
+  std::uint64_t bytes_reduced = 0;      // received bytes that were combined with local data
+  friend bool operator==(const traffic&, const traffic&) = default;
+};
+
+template <class T>
+class counting {
+ public:
+  using transport_concept = transport_tag;
+  using memory_space = typename T::memory_space;
+  static constexpr const char* name = "counting";
+
+  explicit counting(T inner) : inner_(std::move(inner)) {}
+
+  int rank() const noexcept { return inner_.rank(); }
+  int size() const noexcept { return inner_.size(); }
+
+  void exchange(std::span<const send_desc> s, std::span<const recv_desc> r, const exchange_context& ctx) {
+    inner_.exchange(s, r, ctx);
+    if (!s.empty() || !r.empty()) ++t_.steps;
+    for (const auto& x : s) { ++t_.messages_sent; t_.bytes_sent += x.bytes; }
+    for (const auto& x : r) {
+      ++t_.messages_received;
+      t_.bytes_received += x.bytes;
+      if (x.how != combine::copy) t_.bytes_reduced += x.bytes;
+    }
+  }
+  void abort(const std::string& why) noexcept { inner_.abort(why); }
+  void leave() noexcept
+    requires requires(T& t) { t.leave(); }
+  { inner_.leave(); }
+
+  const traffic& counts() const noexcept { return t_; }
+  void reset() noexcept { t_ = {}; }
+  T& inner() noexcept { return inner_; }
+
+ private:
+  T inner_;
+  traffic t_;
+};
+
+}  // namespace collx::transport
