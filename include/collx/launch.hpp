@@ -29,7 +29,8 @@ void launch_threads(int n, F&& f, options opts = {}) {
   using transport_t = Decorator<transport::inproc>;
   auto g = std::make_shared<transport::inproc::group>(n);
   std::mutex mu;
-  std::exception_ptr first;
+  std::exception_ptr first;  // the first recorded, if the group cannot say who failed first
+  std::vector<std::exception_ptr> failed(static_cast<std::size_t>(n));
   auto body = [&](int r) {
     communicator<transport_t> comm{transport_t{transport::inproc{g, r}}, opts};
     try {
@@ -38,11 +39,13 @@ void launch_threads(int n, F&& f, options opts = {}) {
     } catch (const std::exception& e) {
       g->leave(r, true, e.what());
       std::lock_guard lk(mu);
-      if (!first) first = std::current_exception();
+      failed[std::size_t(r)] = std::current_exception();
+      if (!first) first = failed[std::size_t(r)];
     } catch (...) {
       g->leave(r, true, "unknown exception");
       std::lock_guard lk(mu);
-      if (!first) first = std::current_exception();
+      failed[std::size_t(r)] = std::current_exception();
+      if (!first) first = failed[std::size_t(r)];
     }
   };
   std::vector<std::thread> threads;
@@ -56,6 +59,9 @@ void launch_threads(int n, F&& f, options opts = {}) {
   }
   body(0);  // rank 0 runs on the calling thread
   for (auto& t : threads) t.join();
+  // The rank that failed first is the cause; the others failed because of it (peer_lost).
+  const int cause = g->first_failed();
+  if (cause >= 0 && failed[std::size_t(cause)]) std::rethrow_exception(failed[std::size_t(cause)]);
   if (first) std::rethrow_exception(first);
 }
 

@@ -55,6 +55,13 @@ class schedule {
  public:
   /// Starts a new step at `time` (default: the step after the last one).
   void next_step(int time = -1) {
+    // A step that only copies merges into the next one: its copies still run before that step's
+    // transfers, and it costs no step on the timeline.
+    if (!steps_.empty() && steps_.back().sends_begin == steps_.back().sends_end &&
+        steps_.back().recvs_begin == steps_.back().recvs_end) {
+      if (time >= 0) steps_.back().time = time;
+      return;
+    }
     if (time < 0) time = steps_.empty() ? 0 : steps_.back().time + 1;
     const auto c = std::uint32_t(copies_.size()), s = std::uint32_t(sends_.size()), r = std::uint32_t(recvs_.size());
     steps_.push_back({time, c, c, s, s, r, r});
@@ -85,8 +92,10 @@ class schedule {
   void finalize(region r) { finals_.push_back(r); }
 
   /// Appends `other` after this schedule on the timeline.
-  void append(const schedule& other) {
-    const int shift = steps_.empty() ? 0 : steps_.back().time + 1;
+  void append(const schedule& other) { append(other, steps_.empty() ? 0 : steps_.back().time + 1); }
+
+  /// Appends `other` with its times shifted by `shift` (which must place it after this schedule).
+  void append(const schedule& other, int shift) {
     for (const step& st : other.steps_) {
       next_step(st.time + shift);
       for (auto i = st.copies_begin; i < st.copies_end; ++i) copy(other.copies_[i].dst, other.copies_[i].src);

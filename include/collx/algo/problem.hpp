@@ -34,6 +34,7 @@ struct rs_problem {
   buf src = buf::in;
   buf work = buf::none;
   std::size_t elem_size = 1;
+  bool commutative = true;
 
   region block(buf b, int i) const { return {b, blocks.offset(i), blocks.count(i)}; }
   region result() const {

@@ -15,9 +15,11 @@
 // the end the odd rank hands the even rank its block. That costs two extra steps and D extra
 // bytes on the folded pairs: steps 2 + log2 p per phase.
 //
-// Rank order: each virtual rank stands for a contiguous range of ranks, and a partner's range is
-// always adjacent (lower partner on the left), so ranges combine in rank order: a non-commutative
-// op gives in0 ⊕ in1 ⊕ ... ⊕ in(N-1).
+// Rank order: halving pairs rank r with r + N/2 first, which a non-commutative op cannot accept.
+// For such ops the reduce-scatter runs as recursive doubling on whole vectors (distance 1, 2,
+// 4, ...): each virtual rank stands for a contiguous range of ranks and its partner's range is
+// adjacent (the lower one on the left), so the result is in0 ⊕ in1 ⊕ ... ⊕ in(N-1), at
+// log2 p·D bytes per rank instead of (N-1)/N·D.
 //
 // Broadcast is van de Geijn's scatter + all-gather (binomial scatter of N blocks from the root,
 // then recursive doubling among ranks renumbered from the root): ~2·D bytes for the root instead
@@ -76,7 +78,7 @@ struct recursive_halving {
     const partition blocks(p.count, p.size);
     const bool root = p.rank == p.root;
     if (!root) s.need_tmp(p.count);
-    const rs_problem rs{p.rank, p.size, blocks, buf::in, root ? buf::out : buf::tmp, p.elem_size};
+    const rs_problem rs{p.rank, p.size, blocks, buf::in, root ? buf::out : buf::tmp, p.elem_size, p.commutative};
     const int t = reduce_scatter_into(s, rs);
     // Gather the reduced blocks at the root: one step, every block straight to the root.
     if (p.size == 1) return s;
@@ -98,6 +100,7 @@ struct recursive_halving {
       return 0;
     }
     const fold f(n);
+    if (!p.commutative) return reduce_scatter_ordered(s, p, f);
     const buf work = p.work == buf::none ? buf::tmp : p.work;
     if (work == buf::tmp) s.need_tmp(total);
     // Elements of the ranks that virtual ranks [lo, hi) stand for.
@@ -149,6 +152,50 @@ struct recursive_halving {
     }
     if (f.r > 0) return t_end + 1;
     return t_end;
+  }
+
+  // A non-commutative op: halving would combine rank r with rank r + N/2 first, which breaks
+  // rank order. Recursive doubling on whole vectors keeps it (partners at distance 1, 2, 4, ...
+  // hold adjacent ranges), at log2 p·D bytes instead of (N-1)/N·D: the price of order. Two
+  // scratch vectors alternate, because a partner reads the one being sent.
+  static int reduce_scatter_ordered(schedule& s, const rs_problem& p, const fold& f) {
+    const int me = p.rank;
+    const std::size_t total = p.blocks.total;
+    s.need_tmp(2 * total);
+    const region a{buf::tmp, 0, total}, b{buf::tmp, total, total};
+    region cur{p.src, 0, total};
+    int t = 0;
+    if (f.r > 0) {
+      if (me < 2 * f.r) {
+        s.at(0);
+        if (me % 2 == 0) s.send(me + 1, cur);
+        else {
+          s.recv(me - 1, a, cur, combine::received_left);
+          cur = a;
+        }
+      }
+      t = 1;
+    }
+    const int w = f.virt(me);
+    const int t_end = t + ceil_log2(f.p);
+    if (w < 0) {
+      s.at(t_end);
+      s.recv(me + 1, p.result());
+      return t_end + 1;
+    }
+    for (int d = 1; d < f.p; d *= 2, ++t) {
+      const int pw = w ^ d;
+      const region next = cur == a ? b : a;
+      s.at(t);
+      s.send(f.acting(pw), cur);
+      s.recv(f.acting(pw), next, cur, pw < w ? combine::received_left : combine::received_right);
+      cur = next;
+    }
+    auto block_of = [&](int i) { return cur.sub(p.blocks.offset(i), p.blocks.count(i)); };
+    s.at(t_end);  // a step's copies run before its transfers: this one after the last exchange
+    if (me < 2 * f.r) s.send(me - 1, block_of(me - 1));
+    s.copy(p.result(), block_of(me));
+    return f.r > 0 ? t_end + 1 : t_end;
   }
 
   static int all_gather_into(schedule& s, int t0, const ag_problem& p) {

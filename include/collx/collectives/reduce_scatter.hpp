@@ -13,7 +13,7 @@ void reduce_scatter_blocks(communicator<T>& comm, const call_info& call, const E
   static_assert(check_reducing<E, Op, Algo>());
   static_assert(requires(const algo::rs_problem& p) { a.reduce_scatter(p); },
                 "collx: this policy has no reduce_scatter schedule (ring, tree and recursive_halving have one)");
-  const algo::rs_problem p{comm.rank(), comm.size(), blocks, src, work, sizeof(E)};
+  const algo::rs_problem p{comm.rank(), comm.size(), blocks, src, work, sizeof(E), is_commutative_v<Op>};
   schedule s = a.reduce_scatter(p);
   s.finalize(p.result());
   execute(comm, call, s, in, out, op);

@@ -37,12 +37,16 @@ class inproc {
   struct message {
     const std::byte* data = nullptr;
     std::size_t bytes = 0;
-    const call_signature* sig = nullptr;
+    call_signature sig;  // by value: peers may inspect it after the sender has unwound
   };
 
   struct alignas(64) channel {
     detail::waitable posted;
     alignas(64) detail::waitable consumed;
+    // 1 while the receiver reads the sender's memory. A failing sender waits for it to drop
+    // before unwinding (which may free that memory); the receiver re-checks the sender's state
+    // after raising it. Both sides use seq_cst, so one of them always sees the other.
+    std::atomic<std::uint32_t> reading{0};
     alignas(64) message slots[kDepth];
   };
 
@@ -106,7 +110,7 @@ class inproc {
       const std::uint32_t head = ch.posted.word.load(std::memory_order_relaxed);
       wait(ch.consumed, [&] { return head - ch.consumed.word.load(std::memory_order_acquire) < kDepth; }, call, s.peer,
            "room in its queue");
-      ch.slots[head % kDepth] = {s.data, s.bytes, &call.sig};
+      ch.slots[head % kDepth] = {s.data, s.bytes, call.sig};
       ch.posted.publish(head + 1, false);
       tickets[i] = {&ch, head + 1, s.peer};
     }
@@ -115,13 +119,19 @@ class inproc {
       const std::uint32_t tail = ch.consumed.word.load(std::memory_order_relaxed);
       wait(ch.posted, [&] { return ch.posted.word.load(std::memory_order_acquire) != tail; }, call, r.peer, "its data");
       const message& m = ch.slots[tail % kDepth];
-      call.check_match(r.peer, *m.sig, m.bytes, r.bytes);
+      call.check_match(r.peer, m.sig, m.bytes, r.bytes);
+      ch.reading.store(1, std::memory_order_seq_cst);
+      if (g_->state(r.peer) == rank_state::failed) {
+        ch.reading.store(0, std::memory_order_seq_cst);
+        call.fail(errc::peer_lost, "lost rank " + std::to_string(r.peer) + ": it failed: " + g_->why(r.peer));
+      }
       if (r.bytes != 0) {
         if (r.how == combine::copy) std::memcpy(r.dst, m.data, r.bytes);
         else if (r.how == combine::received_left) ctx.comb(r.dst, m.data, r.with, r.bytes / ctx.comb.elem_size);
         else ctx.comb(r.dst, r.with, m.data, r.bytes / ctx.comb.elem_size);
       }
       ch.consumed.publish(tail + 1, false);
+      ch.reading.store(0, std::memory_order_seq_cst);
     }
     for (std::size_t i = 0; i < sends.size(); ++i) {
       const ticket& t = tickets[i];
@@ -131,7 +141,13 @@ class inproc {
     }
   }
 
-  void abort(const std::string& why) noexcept { g_->leave(rank_, true, why); }
+  /// Marks this rank failed, then waits until no peer is still reading its memory, so the
+  /// caller may unwind and free its buffers.
+  void abort(const std::string& why) noexcept {
+    g_->leave(rank_, true, why);
+    for (int q = 0; q < size(); ++q)
+      while (g_->chan(rank_, q).reading.load(std::memory_order_seq_cst) != 0) detail::cpu_relax();
+  }
 
   /// Called by launch_threads when this rank's function returns.
   void leave() noexcept { g_->leave(rank_, false, {}); }
@@ -140,6 +156,16 @@ class inproc {
   template <class Done>
   void wait(detail::waitable& w, Done done, const call_info& call, int peer, const char* what) {
     auto check = [&] {
+      // Ranks that disagree about the call's shape (a root, a policy) may never message each
+      // other directly; a pending message of the same call with another signature shows it.
+      for (int q = 0; q < size() && call.sig.seq != 0; ++q) {  // seq 0: point to point, not collective
+        if (q == rank_) continue;
+        const channel& in = g_->chan(q, rank_);
+        const std::uint32_t tail = in.consumed.word.load(std::memory_order_relaxed);
+        if (in.posted.word.load(std::memory_order_acquire) == tail) continue;
+        const message& m = in.slots[tail % kDepth];
+        if (m.sig.seq == call.sig.seq && !(m.sig == call.sig)) call.check_match(q, m.sig, m.bytes, m.bytes);
+      }
       const rank_state ps = g_->state(peer);
       if (ps == rank_state::failed)
         call.fail(errc::peer_lost, "lost rank " + std::to_string(peer) + ": it failed: " + g_->why(peer));

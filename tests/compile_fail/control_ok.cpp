@@ -1,0 +1,16 @@
+// The control: the same shapes, used correctly, compile.
+#include <collx/collx.hpp>
+struct concat {
+  using reduction_op_concept = collx::reduction_op_tag;
+  static constexpr bool commutative = false;
+  int operator()(int a, int b) const { return a * 10 + b; }
+};
+int main() {
+  collx::launch_threads(1, [](auto& comm) {
+    std::vector<int> v(4), w(4);
+    collx::all_reduce(comm, std::span{v}, concat{}, collx::algo::tree{});
+    collx::all_reduce(comm, std::span{v}, collx::ops::band{});
+    collx::all_to_all(comm, std::span<const int>{v}, std::span{w}, collx::algo::pairwise{});
+    collx::all_reduce(comm, std::span{v}, collx::ops::make([](int a, int b) { return a + b; }));
+  });
+}

@@ -1,0 +1,8 @@
+#include <collx/collx.hpp>
+struct my_policy {};
+int main() {
+  collx::launch_threads(1, [](auto& comm) {
+    std::vector<float> v(4);
+    collx::all_reduce(comm, std::span{v}, collx::ops::sum{}, my_policy{});
+  });
+}

@@ -1,0 +1,12 @@
+#include <collx/collx.hpp>
+struct concat {
+  using reduction_op_concept = collx::reduction_op_tag;
+  static constexpr bool commutative = false;
+  int operator()(int a, int b) const { return a * 10 + b; }
+};
+int main() {
+  collx::launch_threads(1, [](auto& comm) {
+    std::vector<int> v(4);
+    collx::all_reduce(comm, std::span{v}, concat{}, collx::algo::ring{});
+  });
+}

@@ -1,0 +1,129 @@
+#pragma once
+// Runs one collective on n thread-ranks and compares every rank's result with the serial
+// reference. Returns "" when all match, else the first difference. Assertions happen on the
+// calling thread (Catch2 is not thread-safe).
+#include <collx/collx.hpp>
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "reference.hpp"
+
+namespace collx_test {
+
+template <class E>
+std::string show(const E& x) {
+  std::ostringstream o;
+  if constexpr (collx::is_reduced_float_v<E>) o << float(x);
+  else if constexpr (std::is_same_v<E, signed char> || std::is_same_v<E, unsigned char> || std::is_same_v<E, char>) o << int(x);
+  else if constexpr (std::is_arithmetic_v<E>) o << x;
+  else o << "<" << sizeof(E) << " bytes>";
+  return o.str();
+}
+
+template <class E>
+std::string compare(const std::vector<E>& got, const std::vector<E>& want, std::size_t off = 0) {
+  if (got.size() < off + want.size()) return "output too small";
+  for (std::size_t i = 0; i < want.size(); ++i)
+    if (!same(got[off + i], want[i]))
+      return "element " + std::to_string(off + i) + ": got " + show(got[off + i]) + ", want " + show(want[i]);
+  return {};
+}
+
+template <class E, class Op>
+std::vector<E> reference(const Op& op, int n, std::size_t count) {
+  std::vector<E> v(count);
+  for (std::size_t i = 0; i < count; ++i) v[i] = reduced<E>(op, n, i);
+  return v;
+}
+
+template <class E, class Op>
+std::vector<E> inputs(int rank, std::size_t count) {
+  std::vector<E> v(count);
+  for (std::size_t i = 0; i < count; ++i) v[i] = input<E, Op>(rank, i);
+  return v;
+}
+
+template <class E, class Op, class Algo>
+std::string run_all_reduce(int n, std::size_t count, bool in_place, Op op = {}, Algo a = {}) {
+  const auto want = reference<E>(op, n, count);
+  failures f(n);
+  collx::launch_threads(n, [&](auto& comm) {
+    const int r = comm.rank();
+    const auto in = inputs<E, Op>(r, count);
+    std::vector<E> out(count);
+    if (in_place) {
+      out = in;
+      collx::all_reduce(comm, std::span{out}, op, a);
+    } else {
+      collx::all_reduce(comm, std::span<const E>{in}, std::span{out}, op, a);
+      f.note(r, compare(in, inputs<E, Op>(r, count)).empty() ? "" : "the input was modified");
+    }
+    f.note(r, compare(out, want));
+  });
+  return f.first();
+}
+
+template <class E, class Op, class Algo>
+std::string run_reduce_scatter(int n, std::size_t k, Op op = {}, Algo a = {}) {
+  const auto want = reference<E>(op, n, k * std::size_t(n));
+  failures f(n);
+  collx::launch_threads(n, [&](auto& comm) {
+    const int r = comm.rank();
+    const auto in = inputs<E, Op>(r, k * std::size_t(n));
+    std::vector<E> out(k);
+    collx::reduce_scatter(comm, std::span<const E>{in}, std::span{out}, op, a);
+    const std::vector<E> mine(want.begin() + std::ptrdiff_t(k * std::size_t(r)), want.begin() + std::ptrdiff_t(k * std::size_t(r + 1)));
+    f.note(r, compare(out, mine));
+    f.note(r, compare(in, inputs<E, Op>(r, k * std::size_t(n))).empty() ? "" : "the input was modified");
+  });
+  return f.first();
+}
+
+template <class E, class Op, class Algo>
+std::string run_reduce(int n, std::size_t count, int root, Op op = {}, Algo a = {}) {
+  const auto want = reference<E>(op, n, count);
+  failures f(n);
+  collx::launch_threads(n, [&](auto& comm) {
+    const int r = comm.rank();
+    const auto in = inputs<E, Op>(r, count);
+    std::vector<E> out(r == root ? count : 0);
+    collx::reduce(comm, std::span<const E>{in}, std::span{out}, op, root, a);
+    if (r == root) f.note(r, compare(out, want));
+  });
+  return f.first();
+}
+
+template <class E, class Algo>
+std::string run_all_gather(int n, std::size_t k, Algo a = {}) {
+  std::vector<E> want(k * std::size_t(n));
+  for (int r = 0; r < n; ++r)
+    for (std::size_t i = 0; i < k; ++i) want[std::size_t(r) * k + i] = payload<E>(r, i);
+  failures f(n);
+  collx::launch_threads(n, [&](auto& comm) {
+    const int r = comm.rank();
+    std::vector<E> in(k), out(k * std::size_t(n));
+    for (std::size_t i = 0; i < k; ++i) in[i] = payload<E>(r, i);
+    collx::all_gather(comm, std::span<const E>{in}, std::span{out}, a);
+    f.note(r, compare(out, want));
+  });
+  return f.first();
+}
+
+template <class E, class Algo>
+std::string run_broadcast(int n, std::size_t count, int root, Algo a = {}) {
+  std::vector<E> want(count);
+  for (std::size_t i = 0; i < count; ++i) want[i] = payload<E>(root, i);
+  failures f(n);
+  collx::launch_threads(n, [&](auto& comm) {
+    const int r = comm.rank();
+    std::vector<E> buf(count);
+    for (std::size_t i = 0; i < count; ++i) buf[i] = payload<E>(r, i);
+    collx::broadcast(comm, std::span{buf}, root, a);
+    f.note(r, compare(buf, want));
+  });
+  return f.first();
+}
+
+}  // namespace collx_test

@@ -1,0 +1,24 @@
+#include <catch2/catch.hpp>
+
+#include "harness.hpp"
+
+using namespace collx_test;
+
+TEMPLATE_TEST_CASE("all_reduce equals the serial reference for every rank count and size", "[all_reduce]",
+                   collx::algo::ring, collx::algo::tree, collx::algo::recursive_halving, collx::algo::automatic) {
+  for (int n : rank_counts())
+    for (std::size_t count : counts_for(n))
+      for (bool in_place : {false, true}) {
+        CAPTURE(n, count, in_place);
+        CHECK(run_all_reduce<float, collx::ops::sum, TestType>(n, count, in_place) == "");
+        CHECK(run_all_reduce<std::int32_t, collx::ops::sum, TestType>(n, count, in_place) == "");
+      }
+}
+
+TEST_CASE("all_reduce with a small chunk pipelines the tree and ring chains", "[all_reduce]") {
+  for (int n : {3, 6, 8}) {
+    CAPTURE(n);
+    CHECK(run_all_reduce<float, collx::ops::sum>(n, 10007, false, collx::ops::sum{}, collx::algo::tree{.chunk_bytes = 1024}) == "");
+    CHECK(run_all_reduce<float, collx::ops::sum>(n, 10007, true, collx::ops::sum{}, collx::algo::tree{.chunk_bytes = 100}) == "");
+  }
+}

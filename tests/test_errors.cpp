@@ -1,0 +1,203 @@
+// Errors instead of hangs: timeouts, mismatched calls, bad arguments, failed peers.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cstdlib>
+#include <thread>
+
+#include "harness.hpp"
+
+using namespace std::chrono_literals;
+using Catch::Matchers::Contains;
+
+namespace {
+collx::options quick(std::chrono::nanoseconds t = 300ms) {
+  collx::options o;
+  o.timeout = t;
+  return o;
+}
+
+/// Runs f on n thread-ranks and returns the error launch_threads rethrew (the first failure).
+template <class F>
+collx::error failure_of(int n, F f, collx::options o = quick()) {
+  try {
+    collx::launch_threads(n, f, o);
+  } catch (const collx::error& e) {
+    return e;
+  }
+  FAIL("no collx::error was thrown");
+  throw;
+}
+}  // namespace
+
+TEST_CASE("error codes compare with errc", "[errors]") {
+  const collx::error e(collx::errc::timeout, "x");
+  CHECK(e.code() == collx::errc::timeout);
+  CHECK(e.code() != collx::errc::mismatch);
+  CHECK(std::string(e.what()) == "x");
+  CHECK(std::string(e.code().category().name()) == "collx");
+}
+
+TEST_CASE("a rank that never arrives makes the others time out, naming it", "[errors][timeout]") {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto e = failure_of(3, [](auto& comm) {
+    std::vector<float> v(100, 1.0f);
+    if (comm.rank() == 2) std::this_thread::sleep_for(1500ms);  // a straggler beyond the deadline
+    collx::all_reduce(comm, std::span{v}, collx::ops::sum{}, collx::algo::ring{});
+  });
+  const auto took = std::chrono::steady_clock::now() - t0;
+  CHECK(e.code() == collx::errc::timeout);
+  CHECK_THAT(e.what(), Contains("all_reduce #1 (ring): rank") && Contains("timed out after 0.3 s waiting for rank"));
+  CHECK(took < 5s);
+}
+
+TEST_CASE("COLLX_TIMEOUT_S sets the default timeout; a bad value is an error", "[errors][timeout]") {
+  ::setenv("COLLX_TIMEOUT_S", "0.25", 1);
+  CHECK(collx::options{}.timeout == 250ms);
+  ::setenv("COLLX_TIMEOUT_S", "soon", 1);
+  CHECK_THROWS_AS(collx::options{}, collx::error);
+  ::unsetenv("COLLX_TIMEOUT_S");
+  CHECK(collx::options{}.timeout == 300s);
+}
+
+TEST_CASE("ranks that make different calls get errc::mismatch, with both sides printed", "[errors][mismatch]") {
+  SECTION("different counts") {
+    auto e = failure_of(4, [](auto& comm) {
+      std::vector<float> v(comm.rank() == 1 ? 12 : 10, 1.0f);
+      collx::all_reduce(comm, std::span{v}, collx::ops::sum{}, collx::algo::ring{});
+    });
+    CHECK(e.code() == collx::errc::mismatch);
+    CHECK_THAT(e.what(), Contains("12 x 4 B") && Contains("10 x 4 B"));
+  }
+  SECTION("different collectives") {
+    auto e = failure_of(2, [](auto& comm) {
+      std::vector<float> v(8, 1.0f);
+      if (comm.rank() == 0) collx::all_reduce(comm, std::span{v}, collx::ops::sum{}, collx::algo::ring{});
+      else collx::broadcast(comm, std::span{v}, 0, collx::algo::ring{});
+    });
+    CHECK(e.code() == collx::errc::mismatch);
+    CHECK_THAT(e.what(), Contains("all_reduce") && Contains("broadcast"));
+  }
+  SECTION("different roots") {
+    auto e = failure_of(3, [](auto& comm) {
+      std::vector<int> v(8, 1);
+      collx::broadcast(comm, std::span{v}, comm.rank() == 2 ? 1 : 0, collx::algo::tree{});
+    });
+    CHECK(e.code() == collx::errc::mismatch);
+  }
+  SECTION("different ops") {
+    auto e = failure_of(2, [](auto& comm) {
+      std::vector<int> v(8, 1);
+      if (comm.rank() == 0) collx::all_reduce(comm, std::span{v}, collx::ops::sum{}, collx::algo::ring{});
+      else collx::all_reduce(comm, std::span{v}, collx::ops::max{}, collx::algo::ring{});
+    });
+    CHECK(e.code() == collx::errc::mismatch);
+    CHECK_THAT(e.what(), Contains("sum") && Contains("max"));
+  }
+  SECTION("different element sizes") {
+    auto e = failure_of(2, [](auto& comm) {
+      if (comm.rank() == 0) {
+        std::vector<float> v(8, 1.0f);
+        collx::all_reduce(comm, std::span{v}, collx::ops::sum{}, collx::algo::ring{});
+      } else {
+        std::vector<double> v(8, 1.0);
+        collx::all_reduce(comm, std::span{v}, collx::ops::sum{}, collx::algo::ring{});
+      }
+    });
+    CHECK(e.code() == collx::errc::mismatch);
+  }
+  SECTION("a skipped call shifts the sequence numbers") {
+    auto e = failure_of(2, [](auto& comm) {
+      std::vector<float> v(8, 1.0f);
+      if (comm.rank() == 0) collx::barrier(comm);
+      collx::barrier(comm);
+      collx::all_reduce(comm, std::span{v}, collx::ops::sum{}, collx::algo::ring{});
+    });
+    CHECK(e.code() == collx::errc::mismatch);
+  }
+  SECTION("all_to_all_v counts that disagree between sender and receiver") {
+    auto e = failure_of(2, [](auto& comm) {
+      // rank 1 sends 2 elements to rank 0, which expects 3
+      const bool r0 = comm.rank() == 0;
+      std::vector<std::size_t> sc = r0 ? std::vector<std::size_t>{1, 2} : std::vector<std::size_t>{2, 1};
+      std::vector<std::size_t> rc = r0 ? std::vector<std::size_t>{1, 3} : std::vector<std::size_t>{2, 1};
+      std::vector<int> in(3), out(r0 ? 4 : 3);
+      collx::all_to_all_v(comm, std::span<const int>{in}, std::span<const std::size_t>{sc}, std::span{out},
+                          std::span<const std::size_t>{rc});
+    });
+    CHECK(e.code() == collx::errc::mismatch);
+  }
+}
+
+TEST_CASE("bad arguments throw invalid_argument before anything is sent", "[errors][arguments]") {
+  collx::launch_threads(3, [](auto& comm) {
+    std::vector<float> a(12), b(5);
+    auto expect_invalid = [&](auto&& f, const char* what) {
+      try {
+        f();
+      } catch (const collx::error& e) {
+        if (e.code() == collx::errc::invalid_argument && std::string(e.what()).find(what) != std::string::npos) return;
+        throw;
+      }
+      throw std::runtime_error(std::string("no invalid_argument for: ") + what);
+    };
+    using namespace collx;
+    expect_invalid([&] { all_reduce(comm, std::span<const float>{a}, std::span{b}, ops::sum{}); }, "output has 5");
+    expect_invalid([&] { reduce_scatter(comm, std::span<const float>{b}, std::span{b}, ops::sum{}); }, "input has 5");
+    expect_invalid([&] { all_gather(comm, std::span<const float>{b}, std::span{a}); }, "output has 12");
+    expect_invalid([&] { broadcast(comm, std::span{a}, 3); }, "root 3 is out of range");
+    expect_invalid([&] { broadcast(comm, std::span{a}, -1); }, "root -1");
+    expect_invalid([&] { reduce(comm, std::span<const float>{a}, std::span{b}, ops::sum{}, 7); }, "root 7");
+    expect_invalid([&] { all_to_all(comm, std::span<const float>{b}, std::span{b}); }, "not a multiple");
+    expect_invalid([&] { all_reduce(comm, std::span<const float>{a.data(), 8}, std::span{a.data() + 4, 8}, ops::sum{}); },
+                   "overlap");
+    std::vector<std::size_t> c3{1, 1, 1}, c2{1, 1};
+    expect_invalid([&] { all_to_all_v(comm, std::span<const float>{b}, std::span<const std::size_t>{c3}, std::span{b},
+                                      std::span<const std::size_t>{c3}); },
+                   "add up to 3");
+    expect_invalid([&] { all_to_all_v(comm, std::span<const float>{b}, std::span<const std::size_t>{c2}, std::span{b},
+                                      std::span<const std::size_t>{c3}); },
+                   "one entry per rank");
+    expect_invalid([&] { send(comm, std::span<const float>{b}, comm.rank()); }, "is not another rank");
+    expect_invalid([&] { recv(comm, std::span{b}, 9); }, "is not another rank");
+    // The communicator still works after argument errors (nothing was sent).
+    collx::barrier(comm);
+  });
+}
+
+TEST_CASE("a failed rank makes the others fail fast with peer_lost", "[errors][peer_lost]") {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::string> seen(5);
+  try {
+    collx::launch_threads(5, [&](auto& comm) {
+      std::vector<float> v(1000, 1.0f);
+      try {
+        collx::all_reduce(comm, std::span{v}, collx::ops::sum{}, collx::algo::ring{});
+        if (comm.rank() == 3) throw std::runtime_error("rank 3 crashed");
+        collx::all_reduce(comm, std::span{v}, collx::ops::sum{}, collx::algo::ring{});
+      } catch (const collx::error& e) {
+        seen[std::size_t(comm.rank())] = e.what();
+        throw;
+      }
+    }, quick(30s));
+    FAIL("no exception");
+  } catch (const std::runtime_error& e) {
+    CHECK(std::string(e.what()) == "rank 3 crashed");  // the first failure is the one rethrown
+  }
+  CHECK(std::chrono::steady_clock::now() - t0 < 5s);  // far below the 30 s timeout
+  for (int r : {0, 1, 2, 4}) {
+    CAPTURE(r, seen[std::size_t(r)]);
+    // A peer may still be finishing all_reduce #1 when rank 3 fails; either way it names rank 3.
+    CHECK_THAT(seen[std::size_t(r)], Contains("all_reduce #") && Contains("rank 3") && Contains("failed"));
+  }
+}
+
+TEST_CASE("a rank that returns early is reported as lost, not waited for", "[errors][peer_lost]") {
+  auto e = failure_of(2, [](auto& comm) {
+    std::vector<float> v(8, 1.0f);
+    if (comm.rank() == 1) return;
+    collx::all_reduce(comm, std::span{v}, collx::ops::sum{}, collx::algo::ring{});
+  }, quick(30s));
+  CHECK(e.code() == collx::errc::peer_lost);
+  CHECK_THAT(e.what(), Contains("rank 1") && Contains("left"));
+}

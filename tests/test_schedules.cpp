@@ -1,0 +1,96 @@
+// Schedules checked as data, for many more rank counts than the threaded runs can afford: every
+// send meets its receive in the same step, no step overwrites what it is sending, and the step
+// counts on the critical path are the ones docs/algorithms.md derives.
+#include <catch2/catch.hpp>
+
+#include "schedules.hpp"
+
+using namespace collx_test;
+namespace algo = collx::algo;
+
+TEMPLATE_TEST_CASE("every schedule is consistent across ranks", "[schedule]", algo::ring, algo::tree,
+                   algo::recursive_halving, algo::pairwise) {
+  const TestType a{};
+  for (int n = 1; n <= 33; ++n)
+    for (std::size_t count : {std::size_t(0), std::size_t(1), std::size_t(n + 1), std::size_t(1000003)})
+      for (coll c : {coll::all_reduce, coll::reduce_scatter, coll::all_gather, coll::broadcast, coll::reduce,
+                     coll::all_to_all})
+        for (int root : {0, n / 3, n - 1})
+          for (bool commutative : {true, false}) {
+            if (!commutative && !TestType::keeps_rank_order) continue;
+            const auto s = schedules(a, c, n, count, root, commutative);
+            if (s.empty()) continue;
+            CAPTURE(n, count, name(c), root, commutative);
+            CHECK(check_consistent(s) == "");
+          }
+}
+
+TEST_CASE("steps on the critical path match the derivations", "[schedule][cost]") {
+  for (int n = 2; n <= 33; ++n) {
+    CAPTURE(n);
+    const std::size_t big = std::size_t(n) * 1000;
+    const int lg = algo::ceil_log2(n);
+    const bool pow2 = (n & (n - 1)) == 0;
+    const int p = algo::floor_pow2(n), extra = pow2 ? 0 : 2, lgp = algo::ceil_log2(p);
+    CHECK(span(schedules(algo::ring{}, coll::all_reduce, n, big)) == 2 * (n - 1));
+    CHECK(span(schedules(algo::ring{}, coll::reduce_scatter, n, big)) == n - 1);
+    CHECK(span(schedules(algo::ring{}, coll::all_gather, n, big)) == n - 1);
+    CHECK(span(schedules(algo::recursive_halving{}, coll::reduce_scatter, n, big)) == lgp + extra);
+    CHECK(span(schedules(algo::recursive_halving{}, coll::all_gather, n, big)) == lgp + extra);
+    CHECK(span(schedules(algo::recursive_halving{}, coll::all_reduce, n, big)) == 2 * (lgp + extra));
+    CHECK(span(schedules(algo::tree{}, coll::broadcast, n, big, n / 2)) == lg);
+    CHECK(span(schedules(algo::tree{}, coll::reduce, n, big, n / 2)) == lg);
+    CHECK(span(schedules(algo::pairwise{}, coll::all_to_all, n, big)) == n - 1);
+    // The double binary tree, one chunk: up the in-order tree and down again. Its height is
+    // floor(log2 n) (the root, 0, has a single child: the top of a complete tree below it).
+    const std::size_t one_chunk = 16;
+    CHECK(span(schedules(algo::tree{}, coll::all_reduce, n, one_chunk)) <= 2 * lg);
+    // A pipelined chain: C chunks cross N-1 hops in C + N - 2 steps.
+    const algo::ring chained{.chunk_bytes = 4000};
+    const std::size_t chunks = (big * 4 + 3999) / 4000;
+    CHECK(span(schedules(chained, coll::broadcast, n, big, 1)) == int(chunks) + n - 2);
+    CHECK(span(schedules(chained, coll::reduce, n, big, n - 1)) == int(chunks) + n - 2);
+  }
+}
+
+TEST_CASE("the in-order binary trees are trees, and the double tree makes each rank interior at most once",
+          "[schedule][tree]") {
+  for (int n = 1; n <= 64; ++n) {
+    CAPTURE(n);
+    for (int t : {0, 1}) {
+      int roots = 0;
+      std::vector<int> parent_seen(static_cast<std::size_t>(n), 0);
+      for (int r = 0; r < n; ++r) {
+        const auto l = algo::dtree(n, r, t);
+        if (l.parent < 0) ++roots;
+        for (int c : l.child)
+          if (c >= 0) {
+            REQUIRE(c < n);
+            CHECK(algo::dtree(n, c, t).parent == r);
+            ++parent_seen[std::size_t(c)];
+          }
+      }
+      CHECK(roots == 1);
+      for (int r = 0; r < n; ++r) CHECK(parent_seen[std::size_t(r)] == (algo::dtree(n, r, t).parent >= 0 ? 1 : 0));
+    }
+    if (n > 2) {
+      for (int r = 0; r < n; ++r) {
+        auto interior = [&](int t) {
+          const auto l = algo::dtree(n, r, t);
+          return l.child[0] >= 0 || l.child[1] >= 0;
+        };
+        CAPTURE(r);
+        // NCCL's construction: an even rank is interior in tree A and a leaf in tree B; for odd n
+        // the shift leaves rank 0 interior in both.
+        CHECK((!(interior(0) && interior(1)) || (n % 2 == 1 && r == 0)));
+      }
+    }
+  }
+}
+
+TEST_CASE("describe() prints a schedule", "[schedule]") {
+  const auto s = algo::ring{}.reduce_scatter({1, 4, collx::partition(8, 4), collx::buf::in, collx::buf::none, 4});
+  const std::string d = collx::describe(s);
+  CHECK(d.find("t0: send in[0+2] -> rank 2") != std::string::npos);
+  CHECK(d.find("recv rank 0 -> tmp[0+2] = recv (+) in[6+2]") != std::string::npos);
+}
