@@ -21,6 +21,7 @@ enum class choice { ring, tree, recursive_halving, pairwise };
 /// The rule automatic follows (to be replaced by the cost model's least predicted time): small
 /// messages go to the log-step policies, large ones to the bandwidth-optimal ring, and
 /// non-commutative reductions to recursive halving, which keeps rank order at every size.
+/// Two ranks count as small: every policy is then the same single exchange.
 constexpr choice choose(collective c, int n, std::size_t bytes, bool commutative) {
   const bool small = bytes <= tuning::small_message_bytes || n <= 2;
   switch (c) {
@@ -29,9 +30,11 @@ constexpr choice choose(collective c, int n, std::size_t bytes, bool commutative
     case collective::reduce:
       if (!commutative) return choice::recursive_halving;
       return small ? choice::tree : choice::ring;
+    case collective::all_reduce:
+      if (!commutative) return choice::recursive_halving;
+      return small ? choice::tree : choice::ring;
     case collective::all_gather:
     case collective::reduce_scatter:
-    case collective::all_reduce:
       if (!commutative || small) return choice::recursive_halving;
       return choice::ring;
   }

@@ -167,6 +167,9 @@ class inproc {
         if (m.sig.seq == call.sig.seq && !(m.sig == call.sig)) call.check_match(q, m.sig, m.bytes, m.bytes);
       }
       const rank_state ps = g_->state(peer);
+      // The peer may have done its part (posted, or consumed ours) and then left or failed after
+      // this rank last looked: its state is written after that, so look again before blaming it.
+      if ((ps != rank_state::live || g_->first_failed() >= 0) && done()) return;
       if (ps == rank_state::failed)
         call.fail(errc::peer_lost, "lost rank " + std::to_string(peer) + ": it failed: " + g_->why(peer));
       if (ps == rank_state::left)

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# collx: the two commands.
+#   ./run.sh demo   builds collx-perf and runs real collectives on 8 thread-ranks, every policy
+#   ./run.sh test   builds and runs the whole test suite: release, then AddressSanitizer+UBSan,
+#                   then ThreadSanitizer (the threaded-transport subset)
+# On a fresh Debian 12 machine, run as root: missing Debian packages are installed first.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+
+need() {
+  local missing=()
+  for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "run.sh: missing Debian packages: ${missing[*]} (run as root, or install them)" >&2
+    exit 1
+  fi
+  echo "run.sh: installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+jobs=$(nproc)
+base_pkgs=(cmake g++ ninja-build make)
+
+configure() {  # configure <dir> [cmake args...]
+  local dir=$1; shift
+  cmake -S . -B "$dir" -G Ninja -Wno-dev "$@" >"$dir.configure.log" 2>&1 || { cat "$dir.configure.log"; exit 1; }
+}
+
+case "${1:-}" in
+  demo)
+    need "${base_pkgs[@]}"
+    configure build-demo -DCMAKE_BUILD_TYPE=Release -DCOLLX_BUILD_TESTS=OFF -DCOLLX_BUILD_EXAMPLES=OFF
+    cmake --build build-demo -j "$jobs" --target collx-perf
+    ./build-demo/bench/collx-perf --demo
+    ;;
+  test)
+    need "${base_pkgs[@]}" catch2 libbenchmark-dev
+    echo "== release build: the whole suite"
+    configure build -DCMAKE_BUILD_TYPE=Release
+    cmake --build build -j "$jobs"
+    ctest --test-dir build -j "$jobs" --output-on-failure
+    echo "== AddressSanitizer + UndefinedBehaviorSanitizer: the whole suite"
+    configure build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCOLLX_SANITIZE=address,undefined \
+      -DCOLLX_BUILD_BENCH=OFF -DCOLLX_BUILD_EXAMPLES=OFF
+    cmake --build build-asan -j "$jobs"
+    ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir build-asan -j "$jobs" --output-on-failure
+    echo "== ThreadSanitizer: the thread transport's tests"
+    configure build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCOLLX_SANITIZE=thread \
+      -DCOLLX_BUILD_BENCH=OFF -DCOLLX_BUILD_EXAMPLES=OFF
+    cmake --build build-tsan -j "$jobs"
+    TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan -j "$jobs" --output-on-failure
+    ;;
+  *)
+    echo "usage: ./run.sh demo | test" >&2
+    exit 2
+    ;;
+esac
