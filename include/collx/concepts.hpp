@@ -19,8 +19,13 @@ struct transport_tag {};
 struct algorithm_policy_tag {};
 struct reduction_op_tag {};
 
-/// Where a transport's buffers live. Host transports use host_memory; a device transport names
-/// its own space and supplies the combine routine for it.
+/// Where a transport's buffers live. Host transports use host_memory. A device transport names
+/// its own space, keeps its stream (the order of its work) as its own state, and supplies the
+/// three operations the executor would otherwise do on the host (executor.hpp):
+///   combiner combiner_for<E>(const Op&)   the reduction kernel for E and Op
+///   void copy_local(std::byte* dst, const std::byte* src, std::size_t bytes)
+///   void finalize<E, Op>(E* p, std::size_t count, int ranks)   (avg's division)
+/// Policies never see memory: they only produce schedules of regions.
 struct host_memory {};
 
 // ---- what a transport exchanges -------------------------------------------------------------

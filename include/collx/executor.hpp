@@ -24,6 +24,28 @@ struct no_op {};
 
 namespace detail {
 
+// Memory belongs to the transport: a transport whose buffers are not host memory (a CUDA one,
+// with its stream) supplies these three hooks and the executor uses them instead of the host
+// versions; a host transport supplies none.
+template <class E, class T, class Op>
+combiner make_combiner(T& t, const Op& op) {
+  if constexpr (requires { t.template combiner_for<E>(op); }) return t.template combiner_for<E>(op);
+  else return ops::host_combiner<E>(op);
+}
+
+template <class T>
+void local_copy(T& t, std::byte* dst, const std::byte* src, std::size_t bytes) {
+  if constexpr (requires { t.copy_local(dst, src, bytes); }) t.copy_local(dst, src, bytes);
+  else std::memmove(dst, src, bytes);
+}
+
+template <class E, class Op, class T>
+void finalize(T& t, E* p, std::size_t count, int n) {
+  if constexpr (requires { t.template finalize<E, Op>(p, count, n); }) t.template finalize<E, Op>(p, count, n);
+  else
+    for (std::size_t i = 0; i < count; ++i) p[i] = Op::finalize(p[i], n);
+}
+
 template <class T, class E, class Op>
 void execute(communicator<T>& comm, const call_info& call, const schedule& s, const E* in, E* out, const Op& op) {
   E* tmp = s.tmp_elems() ? reinterpret_cast<E*>(comm.scratch(s.tmp_elems() * sizeof(E))) : nullptr;
@@ -32,7 +54,7 @@ void execute(communicator<T>& comm, const call_info& call, const schedule& s, co
     return base == nullptr ? nullptr : reinterpret_cast<std::byte*>(base + r.offset);
   };
   combiner comb;
-  if constexpr (!std::is_same_v<Op, no_op>) comb = ops::host_combiner<E>(op);
+  if constexpr (!std::is_same_v<Op, no_op>) comb = make_combiner<E>(comm.transport(), op);
   comb.elem_size = sizeof(E);
   const exchange_context ctx{&call, comb};
 
@@ -42,7 +64,7 @@ void execute(communicator<T>& comm, const call_info& call, const schedule& s, co
     for (const step& st : s.steps()) {
       for (auto i = st.copies_begin; i < st.copies_end; ++i) {
         const copy_op& c = s.copies()[i];
-        std::memmove(ptr(c.dst), ptr(c.src), c.src.count * sizeof(E));
+        local_copy(comm.transport(), ptr(c.dst), ptr(c.src), c.src.count * sizeof(E));
       }
       sends.clear();
       recvs.clear();
@@ -57,10 +79,7 @@ void execute(communicator<T>& comm, const call_info& call, const schedule& s, co
       if (!sends.empty() || !recvs.empty()) comm.transport().exchange(sends, recvs, ctx);
     }
     if constexpr (has_finalize_v<Op, E>) {
-      for (const region& r : s.finals()) {
-        E* p = reinterpret_cast<E*>(ptr(r));
-        for (std::size_t i = 0; i < r.count; ++i) p[i] = Op::finalize(p[i], comm.size());
-      }
+      for (const region& r : s.finals()) finalize<E, Op>(comm.transport(), reinterpret_cast<E*>(ptr(r)), r.count, comm.size());
     }
   } catch (const std::exception& e) {
     comm.transport().abort(e.what());
