@@ -33,6 +33,21 @@
 
 namespace collx::algo {
 
+/// A pipelined chain of n ranks, this one at position v: chunk c crosses the hop from position
+/// h to h+1 at step c+h, so a rank receives chunk c at step c+v-1 and forwards it at step c+v.
+template <class Send, class Recv>
+void chain(schedule& s, int n, int v, int nchunks, Send send, Recv recv) {
+  for (int t = 0; t < nchunks + n - 2; ++t) {
+    const int c_send = t - v, c_recv = t - v + 1;
+    const bool snd = v < n - 1 && c_send >= 0 && c_send < nchunks;
+    const bool rcv = v > 0 && c_recv >= 0 && c_recv < nchunks;
+    if (!snd && !rcv) continue;
+    s.at(t);
+    if (snd) send(c_send);
+    if (rcv) recv(c_recv);
+  }
+}
+
 struct ring {
   using algorithm_policy_concept = algorithm_policy_tag;
   static constexpr const char* name = "ring";
@@ -84,15 +99,8 @@ struct ring {
     const int n = p.size, v = mod(p.rank - p.root, n);  // position on the chain from the root
     const partition ch = chunks(p.count, p.elem_size, chunk_bytes);
     auto chunk = [&](int c) { return region{buf::out, ch.offset(c), ch.count(c)}; };
-    for (int t = 0; t < ch.parts + n - 2; ++t) {
-      const int c_send = t - v, c_recv = t - v + 1;
-      const bool snd = v < n - 1 && c_send >= 0 && c_send < ch.parts;
-      const bool rcv = v > 0 && c_recv >= 0 && c_recv < ch.parts;
-      if (!snd && !rcv) continue;
-      s.at(t);
-      if (snd) s.send(mod(p.rank + 1, n), chunk(c_send));
-      if (rcv) s.recv(mod(p.rank - 1, n), chunk(c_recv));
-    }
+    chain(s, n, v, ch.parts, [&](int c) { s.send(mod(p.rank + 1, n), chunk(c)); },
+          [&](int c) { s.recv(mod(p.rank - 1, n), chunk(c)); });
     return s;
   }
 
@@ -110,15 +118,8 @@ struct ring {
     const buf acc = v == n - 1 ? buf::out : buf::tmp;
     if (v > 0 && v < n - 1) s.need_tmp(p.count);
     auto chunk = [&](buf b, int c) { return region{b, ch.offset(c), ch.count(c)}; };
-    for (int t = 0; t < ch.parts + n - 2; ++t) {
-      const int c_send = t - v, c_recv = t - v + 1;
-      const bool snd = v < n - 1 && c_send >= 0 && c_send < ch.parts;
-      const bool rcv = v > 0 && c_recv >= 0 && c_recv < ch.parts;
-      if (!snd && !rcv) continue;
-      s.at(t);
-      if (snd) s.send(mod(p.rank + 1, n), chunk(v == 0 ? buf::in : acc, c_send));
-      if (rcv) s.recv(mod(p.rank - 1, n), chunk(acc, c_recv), chunk(buf::in, c_recv), combine::received_left);
-    }
+    chain(s, n, v, ch.parts, [&](int c) { s.send(mod(p.rank + 1, n), chunk(v == 0 ? buf::in : acc, c)); },
+          [&](int c) { s.recv(mod(p.rank - 1, n), chunk(acc, c), chunk(buf::in, c), combine::received_left); });
     return s;
   }
 };
