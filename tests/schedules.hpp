@@ -42,15 +42,16 @@ std::vector<collx::schedule> schedules(const Algo& a, coll c, int n, std::size_t
           // after the longest reduce-scatter.
           const partition b(count, n);
           int shift = 0;
-          for (int q = 0; q < n; ++q) shift = std::max(shift, a.reduce_scatter({q, n, b, buf::in, buf::out, elem}).span());
-          schedule s = a.reduce_scatter({r, n, b, buf::in, buf::out, elem});
+          for (int q = 0; q < n; ++q)
+            shift = std::max(shift, a.reduce_scatter({q, n, b, buf::in, buf::out, elem, commutative}).span());
+          schedule s = a.reduce_scatter({r, n, b, buf::in, buf::out, elem, commutative});
           s.append(a.all_gather({r, n, b, true, 0, elem}), shift);
           v.push_back(s);
         }
         break;
       case coll::reduce_scatter:
         if constexpr (requires(const algo::rs_problem& p) { a.reduce_scatter(p); })
-          v.push_back(a.reduce_scatter({r, n, partition(count * std::size_t(n), n), buf::in, buf::none, elem}));
+          v.push_back(a.reduce_scatter({r, n, partition(count * std::size_t(n), n), buf::in, buf::none, elem, commutative}));
         break;
       case coll::all_gather:
         if constexpr (requires(const algo::ag_problem& p) { a.all_gather(p); })

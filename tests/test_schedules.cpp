@@ -42,9 +42,11 @@ TEST_CASE("steps on the critical path match the derivations", "[schedule][cost]"
     CHECK(span(schedules(algo::tree{}, coll::reduce, n, big, n / 2)) == lg);
     CHECK(span(schedules(algo::pairwise{}, coll::all_to_all, n, big)) == n - 1);
     // The double binary tree, one chunk: up the in-order tree and down again. Its height is
-    // floor(log2 n) (the root, 0, has a single child: the top of a complete tree below it).
+    // ceil(log2 n) (rank 0, the root, has a single child: the top of a complete tree below it).
     const std::size_t one_chunk = 16;
-    CHECK(span(schedules(algo::tree{}, coll::all_reduce, n, one_chunk)) <= 2 * lg);
+    CHECK(span(schedules(algo::tree{}, coll::all_reduce, n, one_chunk)) == 2 * lg);
+    // van de Geijn's broadcast: a binomial scatter, then the recursive-doubling all-gather.
+    CHECK(span(schedules(algo::recursive_halving{}, coll::broadcast, n, big, n / 2)) == lg + lgp + extra);
     // A pipelined chain: C chunks cross N-1 hops in C + N - 2 steps.
     const algo::ring chained{.chunk_bytes = 4000};
     const std::size_t chunks = (big * 4 + 3999) / 4000;

@@ -80,9 +80,9 @@ inline int scatter(schedule& s, int t0, int rank, int n, int root, const partiti
       s.recv(mod(v - m + root, n), range(relay, v, std::min(v + m, n)));
     }
   }
-  s.at(t0 + levels);
+  s.at(t0 + levels);  // a copy-only step: it runs at the start of whatever step follows
   s.copy(own, range(holder, v, v + 1));
-  return t0 + levels + 1;
+  return t0 + levels;
 }
 
 /// Gather of blocks into `full` (the same layout on every rank; each rank's own block must

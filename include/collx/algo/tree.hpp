@@ -16,8 +16,10 @@
 // the middle. Tree B is A shifted by one rank (N odd) or mirrored (N even). Each half is cut into
 // chunks; chunk c moves up the tree (reduce: a rank at height h sends it at step h+c) and then down
 // (broadcast: at depth d it arrives at step H+c+d-1, H the root's height), so chunks pipeline:
-//   steps ≈ 2·H + C - 1 with H = ceil(log2 N) - 1 in the in-order tree;
-//   bytes sent per rank ≈ D (D/2 up and D/2·children down in each tree).
+//   steps 2·H + C - 1, where H = ceil(log2 N) is the height of the in-order tree (rank 0 sits
+//   above a complete tree of the rest), so one chunk takes 2·ceil(log2 N) steps;
+//   bytes sent per rank: D/2 up in each tree where it is not the root, plus D/2 per child in the
+//   tree where it is interior: between D and 2·D; all ranks together 2(N-1)·D.
 // This is a reduce followed by a broadcast, not reduce-scatter + all-gather: the tree's natural
 // all-reduce, supplied by the policy (docs/algorithms.md says why).
 //
