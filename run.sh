@@ -36,7 +36,7 @@ case "${1:-}" in
     ./build-demo/bench/collx-perf --demo
     ;;
   test)
-    need "${base_pkgs[@]}" catch2 libbenchmark-dev
+    need "${base_pkgs[@]}" catch2 libbenchmark-dev openmpi-bin libopenmpi-dev
     echo "== release build: the whole suite"
     configure build -DCMAKE_BUILD_TYPE=Release
     cmake --build build -j "$jobs"

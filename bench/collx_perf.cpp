@@ -41,11 +41,13 @@
 #include <type_traits>
 #include <vector>
 
+#include <sys/mman.h>
+
 #include <collx/collx.hpp>
 
 namespace {
 
-using comm_t = collx::communicator<collx::transport::inproc>;
+using comm_t = collx::communicator<collx::transport::any>;
 
 template <class... Ts>
 struct list {};
@@ -333,8 +335,31 @@ struct row {
   std::vector<std::size_t> wrong;  // per rank
 };
 
-/// One launch_threads instantiation for the whole binary: a rank's body is type-erased.
-void launch(int n, const std::function<void(comm_t&)>& body) { collx::launch_threads(n, body); }
+/// The transport every run uses: "threads" or "shm" (set once from --transport).
+std::string g_transport = "threads";
+
+/// What ranks report back: in memory shared with forked ranks (MAP_SHARED | MAP_ANONYMOUS), so
+/// it works the same whether the ranks are threads or processes.
+struct report {
+  static constexpr int kMaxRanks = 1024;
+  double us;
+  std::size_t wrong[kMaxRanks];
+};
+report& shared_report() {
+  static report* r = [] {
+    void* p = mmap(nullptr, sizeof(report), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::runtime_error("collx-perf: cannot map the report area");
+    return static_cast<report*>(p);
+  }();
+  return *r;
+}
+
+/// One instantiation of every collective for the whole binary: the transport is type-erased
+/// (transport::any) and a rank's body is a std::function.
+void launch(int n, const std::function<void(comm_t&)>& body) {
+  if (g_transport == "shm") collx::launch_processes<collx::transport::as_any>(n, body);
+  else collx::launch_threads<collx::transport::as_any>(n, body);
+}
 
 /// Storage type: E for reducing collectives, an unsigned carrier of E's size for the others.
 template <class C, class E>
@@ -374,6 +399,9 @@ template <class C, class E, class Op>
   }
   const check_ctx<S, decltype(value)> ctx{value, ref, n, root, sh.k};
 
+  report& rep = shared_report();
+  rep.us = 0;
+  std::fill(rep.wrong, rep.wrong + std::min(n, report::kMaxRanks), std::size_t(0));
   launch(n, [&](comm_t& comm) {
     const int r = comm.rank();
     const bool has_out = !C::out_at_root || r == root;
@@ -390,16 +418,18 @@ template <class C, class E, class Op>
     for (int i = 0; i < cfg.iters; ++i) invoke(comm, cin, sout, root);
     collx::barrier(comm);
     const auto t1 = std::chrono::steady_clock::now();
-    if (r == 0) res.us = std::chrono::duration<double, std::micro>(t1 - t0).count() / cfg.iters;
+    if (r == 0) shared_report().us = std::chrono::duration<double, std::micro>(t1 - t0).count() / cfg.iters;
 
     if (cfg.check) {
       if (!(C::in_place && r == root)) std::fill(out.begin(), out.end(), poison);
       invoke(comm, cin, sout, root);
       std::size_t bad = 0;
       for (std::size_t j = 0; j < out.size(); ++j) bad += !(out[j] == C::expect(ctx, r, j));
-      res.wrong[std::size_t(r)] = bad;
+      shared_report().wrong[std::size_t(r)] = bad;
     }
   });
+  res.us = rep.us;
+  for (int q = 0; q < n; ++q) res.wrong[std::size_t(q)] = rep.wrong[q];
   return res;
 }
 
@@ -440,8 +470,8 @@ struct sweep_info {
 
 /// The size sweep and its printing: not a template, so it is compiled once.
 void sweep(const config& cfg, const sweep_info& si, totals& tot) {
-  std::printf("# collx-perf  %s  transport: %s  ranks: %d (threads of this process)\n", si.coll, cfg.transport.c_str(),
-              cfg.ranks);
+  std::printf("# collx-perf  %s  transport: %s  ranks: %d (%s)\n", si.coll, cfg.transport.c_str(), cfg.ranks,
+              cfg.transport == "shm" ? "processes over shared memory" : "threads of this process");
   if (cfg.factor > 1)
     std::printf("# minBytes %zu maxBytes %zu step: %zu(factor) warmup iters: %d iters: %d validation: %d\n",
                 cfg.minbytes, cfg.maxbytes, cfg.factor, cfg.warmup, cfg.iters, int(cfg.check));
@@ -567,7 +597,7 @@ void run_demo(config cfg, totals& tot) {
 // ---- command line ---------------------------------------------------------------------------
 void usage(std::FILE* f) {
   std::fprintf(f,
-               "usage: collx-perf [flags]   (nccl-tests' flags, ranks as threads of this process)\n"
+               "usage: collx-perf [flags]   (nccl-tests' flags; ranks are threads, or processes with --transport shm)\n"
                "  -np, --nranks N            ranks (default 8)\n"
                "  --op COLL                  %s (default all_reduce)\n"
                "  --algo POLICY              %s|all (default all: every policy that supports COLL)\n"
@@ -581,7 +611,8 @@ void usage(std::FILE* f) {
                "  -n, --iters N              timed iterations per size (default 20)\n"
                "  -w, --warmup_iters N       untimed iterations before them (default 5)\n"
                "  -c, --check 0|1            check the results against a serial reference (default 1)\n"
-               "  --transport threads        the transport (only 'threads' for now)\n"
+               "  --transport threads|shm    ranks as threads of this process, or as forked processes over\n"
+               "                             POSIX shared memory (transport::shm)\n"
                "  --demo                     a guided tour: five collectives, 8 ranks, all policies\n"
                "  -h, --help                 this text\n"
                "Exit status: 0, or 1 when any #wrong > 0, 2 for bad flags, 3 when a collective fails.\n",
@@ -674,9 +705,11 @@ config parse(int argc, char** argv) {
   }
   if (!factor_given) cfg.factor = 1;
   if (cfg.factor <= 1 && cfg.stepbytes == 0) throw usage_error("-i 0 without -f would repeat one size forever");
-  if (cfg.transport != "threads")
+  if (cfg.transport != "threads" && cfg.transport != "shm")
     throw usage_error("--transport '" + cfg.transport +
-                      "' is not available: only 'threads' (ranks as threads of this process) is implemented so far");
+                      "' is not available: 'threads' (ranks as threads of this process) or 'shm' (forked processes "
+                      "over shared memory)");
+  g_transport = cfg.transport;
   if (cfg.minbytes > cfg.maxbytes)
     throw usage_error("-b (" + std::to_string(cfg.minbytes) + ") is larger than -e (" + std::to_string(cfg.maxbytes) + ")");
   if (cfg.root >= cfg.ranks)

@@ -12,6 +12,35 @@
 
 namespace collx_test {
 
+/// How a test starts its ranks: threads of this process, or forked processes over shared memory.
+struct threads {
+  template <class F>
+  void operator()(int n, F&& f) const { collx::launch_threads(n, std::forward<F>(f)); }
+};
+struct processes {
+  template <class F>
+  void operator()(int n, F&& f) const { collx::launch_processes(n, std::forward<F>(f)); }
+};
+
+/// Runs body(comm, note) on n ranks started by L. note(s) records this rank's first problem; a
+/// rank with a problem fails at the end of its body (processes report it through
+/// launch_processes). Returns "" when every rank is happy, else the first problem or failure.
+template <class L, class Body>
+std::string run_checked(int n, Body body) {
+  failures f(n);
+  try {
+    L{}(n, [&](auto& comm) {
+      const int r = comm.rank();
+      body(comm, [&](const std::string& s) { f.note(r, s); });
+      if (!f.notes[std::size_t(r)].empty()) throw std::runtime_error("rank " + std::to_string(r) + ": " + f.notes[std::size_t(r)]);
+    });
+  } catch (const std::exception& e) {
+    const std::string first = f.first();
+    return first.empty() ? std::string(e.what()) : first;
+  }
+  return f.first();
+}
+
 template <class E>
 std::string show(const E& x) {
   std::ostringstream o;
@@ -45,11 +74,10 @@ std::vector<E> inputs(int rank, std::size_t count) {
   return v;
 }
 
-template <class E, class Op, class Algo>
+template <class E, class Op, class Algo, class L = threads>
 std::string run_all_reduce(int n, std::size_t count, bool in_place, Op op = {}, Algo a = {}) {
   const auto want = reference<E>(op, n, count);
-  failures f(n);
-  collx::launch_threads(n, [&](auto& comm) {
+  return run_checked<L>(n, [&](auto& comm, auto note) {
     const int r = comm.rank();
     const auto in = inputs<E, Op>(r, count);
     std::vector<E> out(count);
@@ -58,72 +86,63 @@ std::string run_all_reduce(int n, std::size_t count, bool in_place, Op op = {}, 
       collx::all_reduce(comm, std::span{out}, op, a);
     } else {
       collx::all_reduce(comm, std::span<const E>{in}, std::span{out}, op, a);
-      f.note(r, compare(in, inputs<E, Op>(r, count)).empty() ? "" : "the input was modified");
+      note(compare(in, inputs<E, Op>(r, count)).empty() ? "" : "the input was modified");
     }
-    f.note(r, compare(out, want));
+    note(compare(out, want));
   });
-  return f.first();
 }
 
-template <class E, class Op, class Algo>
+template <class E, class Op, class Algo, class L = threads>
 std::string run_reduce_scatter(int n, std::size_t k, Op op = {}, Algo a = {}) {
   const auto want = reference<E>(op, n, k * std::size_t(n));
-  failures f(n);
-  collx::launch_threads(n, [&](auto& comm) {
+  return run_checked<L>(n, [&](auto& comm, auto note) {
     const int r = comm.rank();
     const auto in = inputs<E, Op>(r, k * std::size_t(n));
     std::vector<E> out(k);
     collx::reduce_scatter(comm, std::span<const E>{in}, std::span{out}, op, a);
     const std::vector<E> mine(want.begin() + std::ptrdiff_t(k * std::size_t(r)), want.begin() + std::ptrdiff_t(k * std::size_t(r + 1)));
-    f.note(r, compare(out, mine));
-    f.note(r, compare(in, inputs<E, Op>(r, k * std::size_t(n))).empty() ? "" : "the input was modified");
+    note(compare(out, mine));
+    note(compare(in, inputs<E, Op>(r, k * std::size_t(n))).empty() ? "" : "the input was modified");
   });
-  return f.first();
 }
 
-template <class E, class Op, class Algo>
+template <class E, class Op, class Algo, class L = threads>
 std::string run_reduce(int n, std::size_t count, int root, Op op = {}, Algo a = {}) {
   const auto want = reference<E>(op, n, count);
-  failures f(n);
-  collx::launch_threads(n, [&](auto& comm) {
+  return run_checked<L>(n, [&](auto& comm, auto note) {
     const int r = comm.rank();
     const auto in = inputs<E, Op>(r, count);
     std::vector<E> out(r == root ? count : 0);
     collx::reduce(comm, std::span<const E>{in}, std::span{out}, op, root, a);
-    if (r == root) f.note(r, compare(out, want));
+    if (r == root) note(compare(out, want));
   });
-  return f.first();
 }
 
-template <class E, class Algo>
+template <class E, class Algo, class L = threads>
 std::string run_all_gather(int n, std::size_t k, Algo a = {}) {
   std::vector<E> want(k * std::size_t(n));
   for (int r = 0; r < n; ++r)
     for (std::size_t i = 0; i < k; ++i) want[std::size_t(r) * k + i] = payload<E>(r, i);
-  failures f(n);
-  collx::launch_threads(n, [&](auto& comm) {
+  return run_checked<L>(n, [&](auto& comm, auto note) {
     const int r = comm.rank();
     std::vector<E> in(k), out(k * std::size_t(n));
     for (std::size_t i = 0; i < k; ++i) in[i] = payload<E>(r, i);
     collx::all_gather(comm, std::span<const E>{in}, std::span{out}, a);
-    f.note(r, compare(out, want));
+    note(compare(out, want));
   });
-  return f.first();
 }
 
-template <class E, class Algo>
+template <class E, class Algo, class L = threads>
 std::string run_broadcast(int n, std::size_t count, int root, Algo a = {}) {
   std::vector<E> want(count);
   for (std::size_t i = 0; i < count; ++i) want[i] = payload<E>(root, i);
-  failures f(n);
-  collx::launch_threads(n, [&](auto& comm) {
+  return run_checked<L>(n, [&](auto& comm, auto note) {
     const int r = comm.rank();
     std::vector<E> buf(count);
     for (std::size_t i = 0; i < count; ++i) buf[i] = payload<E>(r, i);
     collx::broadcast(comm, std::span{buf}, root, a);
-    f.note(r, compare(buf, want));
+    note(compare(buf, want));
   });
-  return f.first();
 }
 
 }  // namespace collx_test

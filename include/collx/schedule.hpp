@@ -44,6 +44,12 @@ struct recv_op {
 
 /// One step: its index on the global timeline (steps of all ranks with equal time run
 /// together), and the ranges of its operations in the schedule's flat arrays.
+///
+/// Within a step, a transport may move the sends and receives in any order and interleave
+/// them, with two exceptions it must honour: messages between one pair of ranks keep the
+/// order in which the step lists them, and a receive whose local operand (`with`) is memory
+/// an earlier receive of the step writes waits for that receive (two children summed into one
+/// accumulator). A step's sends never read memory its receives write.
 struct step {
   int time = 0;
   std::uint32_t copies_begin = 0, copies_end = 0;

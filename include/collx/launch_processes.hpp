@@ -1,0 +1,141 @@
+#pragma once
+// launch_processes(n, f, options): forks n processes, each a rank over transport::shm, runs
+// f(comm) in each, waits for all of them and reports every child's failure: an exception (its
+// collx::errc and message travel back through a pipe), a non-zero exit, or a signal. Throws
+// collx::error when any rank failed, naming each. Meant for tests, examples and benchmarks; a
+// real job is started by its launcher (mpirun, srun, torchrun) and uses shm::from_env().
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "communicator.hpp"
+#include "launch.hpp"
+#include "error.hpp"
+#include "transport/shm.hpp"
+
+namespace collx {
+
+namespace detail {
+inline std::string unique_job_name() {
+  static std::atomic<unsigned> counter{0};
+  std::random_device rd;
+  return "lp" + std::to_string(getpid()) + "-" + std::to_string(counter++) + "-" + std::to_string(rd() % 1000000);
+}
+
+inline void write_all(int fd, const std::string& s) {
+  std::size_t off = 0;
+  while (off < s.size()) {
+    const ssize_t k = ::write(fd, s.data() + off, s.size() - off);
+    if (k <= 0) return;
+    off += std::size_t(k);
+  }
+}
+}  // namespace detail
+
+template <template <class> class Decorator, class F>
+void launch_processes(int n, F&& f, options opts = {}, transport::shm::config cfg = {}) {
+  using transport_t = Decorator<transport::shm>;
+  if (n < 1) throw error(errc::invalid_argument, "launch_processes: the rank count must be at least 1, got " + std::to_string(n));
+  const std::string job = detail::unique_job_name();
+  std::vector<pid_t> pids(std::size_t(n), -1);
+  std::vector<int> fds(std::size_t(n), -1);
+  std::fflush(nullptr);  // children must not flush the parent's buffered output again
+  for (int r = 0; r < n; ++r) {
+    int p[2];
+    if (pipe(p) != 0) throw error(errc::transport_error, std::string("launch_processes: pipe: ") + std::strerror(errno));
+    const pid_t pid = fork();
+    if (pid < 0) {
+      close(p[0]);
+      close(p[1]);
+      for (int q = 0; q < r; ++q) kill(pids[std::size_t(q)], SIGKILL);
+      for (int q = 0; q < r; ++q) waitpid(pids[std::size_t(q)], nullptr, 0);
+      throw error(errc::transport_error, std::string("launch_processes: fork: ") + std::strerror(errno));
+    }
+    if (pid == 0) {  // the child: one rank
+      close(p[0]);
+      for (int q = 0; q < r; ++q) close(fds[std::size_t(q)]);
+      int code = 0;
+      try {
+        communicator<transport_t> comm{transport_t{transport::shm(job, r, n, cfg)}, opts};
+        try {
+          f(comm);
+        } catch (const std::exception& e) {  // fail the job, so peers stop waiting for this rank
+          comm.transport().abort(e.what());
+          throw;
+        } catch (...) {
+          comm.transport().abort("unknown exception");
+          throw;
+        }
+        comm.transport().leave();
+      } catch (const error& e) {
+        detail::write_all(p[1], std::to_string(e.code().value()) + "\n" + e.what());
+        code = 1;
+      } catch (const std::exception& e) {
+        detail::write_all(p[1], "0\n" + std::string(e.what()));
+        code = 1;
+      } catch (...) {
+        detail::write_all(p[1], "0\nunknown exception");
+        code = 1;
+      }
+      close(p[1]);
+      _exit(code);
+    }
+    close(p[1]);
+    pids[std::size_t(r)] = pid;
+    fds[std::size_t(r)] = p[0];
+  }
+  struct failure { int rank; int code; std::string what; bool died = false; };
+  std::vector<failure> failures;
+  for (int r = 0; r < n; ++r) {
+    std::string msg;
+    char b[4096];
+    for (;;) {
+      const ssize_t k = ::read(fds[std::size_t(r)], b, sizeof b);
+      if (k > 0) msg.append(b, std::size_t(k));
+      else if (k == 0 || errno != EINTR) break;
+    }
+    close(fds[std::size_t(r)]);
+    int status = 0;
+    while (waitpid(pids[std::size_t(r)], &status, 0) < 0 && errno == EINTR) {}
+    if (!msg.empty()) {
+      const auto nl = msg.find('\n');
+      failures.push_back({r, std::atoi(msg.substr(0, nl).c_str()), nl == std::string::npos ? msg : msg.substr(nl + 1)});
+    } else if (WIFSIGNALED(status)) {
+      failures.push_back({r, int(errc::peer_lost), "rank " + std::to_string(r) + " was killed by signal " +
+                                                       std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) + ")", true});
+    } else if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
+      failures.push_back({r, int(errc::peer_lost), "rank " + std::to_string(r) + " exited with status " +
+                                                       std::to_string(WEXITSTATUS(status)), true});
+    }
+  }
+  shm_unlink(transport::shm::segment_name(job).c_str());  // in case a rank died before everyone attached
+  if (failures.empty()) return;
+  // The cause: an error of the rank's own (not peer_lost), else a rank that died, else the first.
+  const failure* cause = &failures.front();
+  for (const auto& x : failures)
+    if (x.died) { cause = &x; break; }
+  for (const auto& x : failures)
+    if (x.code != int(errc::peer_lost)) { cause = &x; break; }
+  std::string all = cause->what;
+  if (failures.size() > 1) {
+    all += " [" + std::to_string(failures.size()) + " ranks failed:";
+    for (const auto& x : failures) all += " " + std::to_string(x.rank);
+    all += "]";
+  }
+  const int c = cause->code;
+  throw error(c >= int(errc::timeout) && c <= int(errc::transport_error) ? errc(c) : errc::peer_lost, all);
+}
+
+template <class F>
+void launch_processes(int n, F&& f, options opts = {}, transport::shm::config cfg = {}) {
+  launch_processes<detail::no_decorator>(n, std::forward<F>(f), opts, cfg);
+}
+
+}  // namespace collx

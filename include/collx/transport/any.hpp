@@ -1,0 +1,70 @@
+#pragma once
+// transport::any: a host transport chosen at run time. It holds any host transport behind one
+// virtual call per step, so code that picks its transport from a flag (collx-perf, a launcher
+// that reads the environment) instantiates each collective once instead of once per transport.
+//   collx::launch_threads<collx::transport::as_any>(n, f);     // communicator<transport::any>
+//   collx::launch_processes<collx::transport::as_any>(n, f);
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "../concepts.hpp"
+
+namespace collx::transport {
+
+class any {
+ public:
+  using transport_concept = transport_tag;
+  using memory_space = host_memory;
+  static constexpr const char* name = "any";
+
+  template <class T>
+    requires(!std::is_same_v<std::decay_t<T>, any> && std::is_same_v<typename std::decay_t<T>::memory_space, host_memory>)
+  any(T&& t)  // NOLINT: implicit, so any{inproc{...}} and launch_threads<as_any> read naturally
+      : p_(std::make_unique<model<std::decay_t<T>>>(std::forward<T>(t))) {}
+
+  int rank() const noexcept { return p_->rank(); }
+  int size() const noexcept { return p_->size(); }
+  void exchange(std::span<const send_desc> s, std::span<const recv_desc> r, const exchange_context& c) {
+    p_->exchange(s, r, c);
+  }
+  void abort(const std::string& why) noexcept { p_->abort(why); }
+  void leave() noexcept { p_->leave(); }
+  /// The transport's own name ("inproc", "shm", ...).
+  const char* kind() const noexcept { return p_->kind(); }
+
+ private:
+  struct iface {
+    virtual ~iface() = default;
+    virtual int rank() const noexcept = 0;
+    virtual int size() const noexcept = 0;
+    virtual void exchange(std::span<const send_desc>, std::span<const recv_desc>, const exchange_context&) = 0;
+    virtual void abort(const std::string&) noexcept = 0;
+    virtual void leave() noexcept = 0;
+    virtual const char* kind() const noexcept = 0;
+  };
+  template <class T>
+  struct model final : iface {
+    T t;
+    explicit model(T&& x) : t(std::move(x)) {}
+    int rank() const noexcept override { return t.rank(); }
+    int size() const noexcept override { return t.size(); }
+    void exchange(std::span<const send_desc> s, std::span<const recv_desc> r, const exchange_context& c) override {
+      t.exchange(s, r, c);
+    }
+    void abort(const std::string& w) noexcept override { t.abort(w); }
+    void leave() noexcept override {
+      if constexpr (requires { t.leave(); }) t.leave();
+    }
+    const char* kind() const noexcept override { return T::name; }
+  };
+  std::unique_ptr<iface> p_;
+};
+
+/// A decorator for launch_threads / launch_processes that erases the transport's type.
+template <class T>
+using as_any = any;
+
+}  // namespace collx::transport

@@ -1,0 +1,466 @@
+#pragma once
+// transport::shm — ranks are processes on one host, talking through POSIX shared memory.
+//
+// One segment per job, named /collx-<job> (mode 0600), holds a control block per rank and a
+// channel per ordered pair of ranks. A channel is a ring of kSlots slots of slot_bytes each: the
+// sender copies a message in, chunk by chunk, the receiver copies or reduces each chunk straight
+// out of the slot into its destination, so a large message streams through a few hundred KiB
+// that stay in cache, and the two copies cost little more memory traffic than one.
+//
+// Progress. A step's sends and receives advance together: the exchange loop moves every chunk it
+// can (a send needs a free slot, a receive a filled one) and only when nothing can move does the
+// rank wait, on its own doorbell: a futex word in shared memory that every peer bumps when it
+// fills or frees a slot of a channel to or from this rank. The futex is the process-shared kind
+// (no FUTEX_PRIVATE_FLAG). Waiting spins briefly, then yields, then sleeps (detail/wait.hpp).
+//
+// Liveness. Each rank holds a robust, process-shared mutex for as long as it is attached. When a
+// rank dies (SIGKILL included) the kernel releases it and the next peer that tries it gets
+// EOWNERDEAD: waiting ranks try their peers' mutexes between sleeps, so a dead peer is reported
+// as errc::peer_lost within one sleep slice, not after the timeout.
+//
+// Cleanup. The segment's name is unlinked as soon as every rank has attached; from then on it
+// exists only as the ranks' mappings, which the kernel drops when the last one exits, however it
+// exits. Nothing of a job is left in /dev/shm after it, a crash included.
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <cstdio>
+#include <chrono>
+#include <cstring>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../communicator.hpp"
+#include "../concepts.hpp"
+#include "../detail/wait.hpp"
+#include "../environment.hpp"
+#include "../error.hpp"
+#include "../signature.hpp"
+
+namespace collx::transport {
+
+struct shm_config {
+  /// Bytes per slot. 8 slots of 64 KiB keep a channel's 512 KiB in L2/L3 while chunks are
+  /// large enough that the per-chunk handshake (~100 ns) is small against the copy (~5 us).
+  std::size_t slot_bytes = std::size_t(64) << 10;
+  /// How long to wait for every rank to attach.
+  std::chrono::nanoseconds attach_timeout = detail::default_timeout();
+};
+
+class shm {
+ public:
+  using transport_concept = transport_tag;
+  using memory_space = host_memory;
+  static constexpr const char* name = "shm";
+
+  /// Slots per channel: how far a sender may run ahead of its receiver.
+  static constexpr std::uint32_t kSlots = 8;
+
+  using config = shm_config;
+
+  shm(std::string job, int rank, int size, config cfg = {}) : rank_(rank), n_(size), cfg_(cfg) {
+    if (size < 1 || rank < 0 || rank >= size)
+      throw error(errc::invalid_argument, "shm: rank " + std::to_string(rank) + " is out of range for " +
+                                              std::to_string(size) + " ranks");
+    if (cfg_.slot_bytes < 64 || cfg_.slot_bytes % 64 != 0)
+      throw error(errc::invalid_argument, "shm: slot_bytes must be a positive multiple of 64");
+    name_ = segment_name(job);
+    attach();
+  }
+
+  /// Rank, size and job from the launcher's environment (environment.hpp).
+  static shm from_env(config cfg = {}) {
+    const launch_info li = launch_info_from_env();
+    return shm(li.job, li.rank, li.size, cfg);
+  }
+
+  /// "/collx-<job>" with anything but [A-Za-z0-9._-] replaced.
+  static std::string segment_name(const std::string& job) {
+    std::string s = "/collx-";
+    for (char c : job.substr(0, 200)) s += (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_') ? c : '_';
+    return s;
+  }
+
+  shm(shm&& o) noexcept { *this = std::move(o); }
+  shm& operator=(shm&& o) noexcept {
+    if (this != &o) {
+      release();
+      rank_ = o.rank_; n_ = o.n_; cfg_ = o.cfg_; name_ = std::move(o.name_);
+      base_ = o.base_; bytes_ = o.bytes_; left_ = o.left_;
+      o.base_ = nullptr; o.bytes_ = 0; o.left_ = true;
+    }
+    return *this;
+  }
+  shm(const shm&) = delete;
+  shm& operator=(const shm&) = delete;
+  ~shm() { release(); }
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return n_; }
+  const std::string& segment() const noexcept { return name_; }
+
+  void exchange(std::span<const send_desc> sends, std::span<const recv_desc> recvs, const exchange_context& ctx) {
+    const call_info& call = *ctx.call;
+    const std::size_t elem = std::max<std::size_t>(1, ctx.comb.elem_size);
+    const std::size_t chunk = cfg_.slot_bytes / elem * elem;
+    if (chunk == 0)
+      call.fail(errc::invalid_argument, "an element of " + std::to_string(elem) + " B does not fit a " +
+                                            std::to_string(cfg_.slot_bytes) + " B shared-memory slot");
+    std::vector<op_state>& ss = send_state_;
+    std::vector<op_state>& rs = recv_state_;
+    ss.assign(sends.size(), {});
+    rs.assign(recvs.size(), {});
+    std::size_t pending = sends.size() + recvs.size();
+
+    // Messages to (or from) one peer share a channel, so they must go in order: only the first
+    // unfinished one per peer may move. A receive that reduces into what an earlier receive of
+    // the step writes (a tree node summing two children) also waits for it (schedule.hpp).
+    auto first_to = [](auto ops, const std::vector<op_state>& st, std::size_t i) {
+      for (std::size_t j = 0; j < i; ++j)
+        if (!st[j].done && ops[j].peer == ops[i].peer) return false;
+      if constexpr (std::is_same_v<decltype(ops), std::span<const recv_desc>>) {
+        const recv_desc& r = ops[i];
+        if (r.with != nullptr)
+          for (std::size_t j = 0; j < i; ++j)
+            if (!st[j].done && ops[j].dst < r.with + r.bytes && r.with < ops[j].dst + ops[j].bytes) return false;
+      }
+      return true;
+    };
+    auto advance = [&]() -> bool {
+      bool moved = false;
+      for (std::size_t i = 0; i < sends.size(); ++i) {
+        op_state& st = ss[i];
+        const send_desc& d = sends[i];
+        channel_ctl& c = ctl(rank_, d.peer);
+        while (!st.done && first_to(sends, ss, i)) {
+          const std::uint32_t posted = c.posted.load(std::memory_order_relaxed);
+          if (posted - c.consumed.load(std::memory_order_acquire) >= kSlots) break;
+          const std::size_t nb = std::min(chunk, d.bytes - st.off);
+          slot_header& h = c.hdr[posted % kSlots];
+          h.total = d.bytes;
+          h.chunk = nb;
+          h.sig = call.sig;
+          if (nb != 0) std::memcpy(slot(rank_, d.peer, posted % kSlots), d.data + st.off, nb);
+          c.posted.store(posted + 1, std::memory_order_release);
+          ring(d.peer);
+          st.off += nb;
+          st.started = moved = true;
+          if (st.off == d.bytes) { st.done = true; --pending; }
+        }
+      }
+      for (std::size_t i = 0; i < recvs.size(); ++i) {
+        op_state& st = rs[i];
+        const recv_desc& d = recvs[i];
+        channel_ctl& c = ctl(d.peer, rank_);
+        while (!st.done && first_to(recvs, rs, i)) {
+          const std::uint32_t consumed = c.consumed.load(std::memory_order_relaxed);
+          if (c.posted.load(std::memory_order_acquire) == consumed) break;
+          const slot_header& h = c.hdr[consumed % kSlots];
+          if (!st.started) call.check_match(d.peer, h.sig, std::size_t(h.total), d.bytes);
+          const std::size_t nb = std::size_t(h.chunk);
+          if (nb > d.bytes - st.off || nb % elem != 0 || (nb == 0 && d.bytes != 0))
+            call.fail(errc::mismatch, "got a chunk of " + std::to_string(nb) + " B from rank " + std::to_string(d.peer) +
+                                          " where " + std::to_string(d.bytes - st.off) + " B remained");
+          const std::byte* src = slot(d.peer, rank_, consumed % kSlots);
+          if (nb != 0) {
+            if (d.how == combine::copy) std::memcpy(d.dst + st.off, src, nb);
+            else if (d.how == combine::received_left) ctx.comb(d.dst + st.off, src, d.with + st.off, nb / elem);
+            else ctx.comb(d.dst + st.off, d.with + st.off, src, nb / elem);
+          }
+          c.consumed.store(consumed + 1, std::memory_order_release);
+          ring(d.peer);
+          st.off += nb;
+          st.started = moved = true;
+          if (st.off == d.bytes) { st.done = true; --pending; }
+        }
+      }
+      return moved;
+    };
+    // Can anything move now? (cheap: no copying)
+    auto ready = [&] {
+      for (std::size_t i = 0; i < sends.size(); ++i) {
+        if (ss[i].done || !first_to(sends, ss, i)) continue;
+        const channel_ctl& c = ctl(rank_, sends[i].peer);
+        if (c.posted.load(std::memory_order_relaxed) - c.consumed.load(std::memory_order_acquire) < kSlots) return true;
+      }
+      for (std::size_t i = 0; i < recvs.size(); ++i) {
+        if (rs[i].done || !first_to(recvs, rs, i)) continue;
+        const channel_ctl& c = ctl(recvs[i].peer, rank_);
+        if (c.posted.load(std::memory_order_acquire) != c.consumed.load(std::memory_order_relaxed)) return true;
+      }
+      return false;
+    };
+    auto first_pending_peer = [&] {
+      for (std::size_t i = 0; i < recvs.size(); ++i)
+        if (!rs[i].done) return recvs[i].peer;
+      for (std::size_t i = 0; i < sends.size(); ++i)
+        if (!ss[i].done) return sends[i].peer;
+      return -1;
+    };
+    auto check = [&] {
+      // A peer that failed, died or left ends the wait, unless what it did before leaves us
+      // something to do (its last chunks are still in the channel).
+      auto gone = [&](int p) { return peer_gone(p, call); };
+      bool any_gone = failed_elsewhere(call);
+      for (std::size_t i = 0; i < sends.size() && !any_gone; ++i) any_gone = !ss[i].done && gone(sends[i].peer);
+      for (std::size_t i = 0; i < recvs.size() && !any_gone; ++i) any_gone = !rs[i].done && gone(recvs[i].peer);
+      if (!any_gone || ready()) return;
+      for (std::size_t i = 0; i < recvs.size(); ++i)
+        if (!rs[i].done && gone(recvs[i].peer)) report_gone(recvs[i].peer, call);
+      for (std::size_t i = 0; i < sends.size(); ++i)
+        if (!ss[i].done && gone(sends[i].peer)) report_gone(sends[i].peer, call);
+      report_failed_elsewhere(call);
+    };
+    while (pending != 0) {
+      if (advance()) continue;
+      if (detail::wait_on(me().doorbell, ready, check, call.timeout, true) == detail::wait_result::timed_out)
+        call.timed_out(first_pending_peer(), "its data, or room in its channel");
+    }
+  }
+
+  /// Marks this rank failed (peers then fail fast with errc::peer_lost) and wakes everyone.
+  void abort(const std::string& why) noexcept {
+    if (base_ == nullptr || left_) return;
+    rank_ctl& m = me();
+    std::snprintf(m.why, sizeof m.why, "%s", why.c_str());
+    m.state.store(kFailed, std::memory_order_seq_cst);
+    std::int32_t none = -1;
+    hdr().first_failed.compare_exchange_strong(none, rank_);
+    for (int q = 0; q < n_; ++q) rc(q).doorbell.wake(true);
+  }
+
+  /// Leaves the job normally: peers still waiting for this rank are told it left.
+  void leave() noexcept {
+    if (base_ == nullptr || left_) return;
+    rank_ctl& m = me();
+    std::uint32_t live = kLive;
+    m.state.compare_exchange_strong(live, kLeft);
+    pthread_mutex_unlock(&m.alive);
+    left_ = true;
+    for (int q = 0; q < n_; ++q) rc(q).doorbell.wake(true);
+  }
+
+ private:
+  struct op_state {
+    std::size_t off = 0;
+    bool started = false, done = false;
+  };
+  static constexpr std::uint64_t kMagic = 0x636f6c6c782d7368ull;  // "collx-sh"
+  static constexpr std::uint32_t kLive = 1, kLeft = 2, kFailed = 3;
+
+  struct header {
+    std::atomic<std::uint64_t> magic;
+    std::uint32_t n;
+    std::uint32_t slots;
+    std::uint64_t slot_bytes;
+    std::atomic<std::uint32_t> attached;
+    std::atomic<std::uint32_t> unlinked;
+    std::atomic<std::int32_t> first_failed;
+  };
+  struct alignas(64) rank_ctl {
+    detail::waitable doorbell;
+    alignas(64) pthread_mutex_t alive;
+    std::atomic<std::uint32_t> state;
+    std::int32_t pid;
+    char why[512];
+  };
+  struct slot_header {
+    std::uint64_t total;  // the message's bytes
+    std::uint64_t chunk;  // this chunk's bytes
+    call_signature sig;
+  };
+  struct alignas(64) channel_ctl {
+    std::atomic<std::uint32_t> posted;
+    alignas(64) std::atomic<std::uint32_t> consumed;
+    alignas(64) slot_header hdr[kSlots];
+  };
+
+  static constexpr std::size_t align_up(std::size_t x) { return (x + 4095) / 4096 * 4096; }
+  std::size_t ranks_off() const { return align_up(sizeof(header)); }
+  std::size_t chans_off() const { return align_up(ranks_off() + sizeof(rank_ctl) * std::size_t(n_)); }
+  std::size_t data_off() const { return align_up(chans_off() + sizeof(channel_ctl) * std::size_t(n_) * std::size_t(n_)); }
+  std::size_t total_bytes() const {
+    return data_off() + std::size_t(n_) * std::size_t(n_) * kSlots * cfg_.slot_bytes;
+  }
+
+  header& hdr() const { return *reinterpret_cast<header*>(base_); }
+  rank_ctl& rc(int r) const { return reinterpret_cast<rank_ctl*>(base_ + ranks_off())[r]; }
+  rank_ctl& me() const { return rc(rank_); }
+  channel_ctl& ctl(int from, int to) const {
+    return reinterpret_cast<channel_ctl*>(base_ + chans_off())[std::size_t(from) * std::size_t(n_) + std::size_t(to)];
+  }
+  std::byte* slot(int from, int to, std::uint32_t k) const {
+    return base_ + data_off() + ((std::size_t(from) * std::size_t(n_) + std::size_t(to)) * kSlots + k) * cfg_.slot_bytes;
+  }
+
+  void ring(int peer) noexcept {
+    detail::waitable& d = rc(peer).doorbell;
+    d.word.fetch_add(1, std::memory_order_seq_cst);
+    if (d.sleepers.load(std::memory_order_seq_cst) != 0) detail::futex_wake_all(d.word, true);
+  }
+
+  [[noreturn]] void sys_fail(const std::string& what) const {
+    throw error(errc::transport_error, "shm " + name_ + ": rank " + std::to_string(rank_) + ": " + what + ": " +
+                                           std::strerror(errno));
+  }
+
+  void attach() {
+    const auto deadline = std::chrono::steady_clock::now() + cfg_.attach_timeout;
+    const std::size_t bytes = total_bytes();
+    int fd = -1;
+    if (rank_ == 0) {
+      shm_unlink(name_.c_str());  // a stale segment of a crashed job with the same name
+      fd = shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+      if (fd < 0) sys_fail("cannot create the segment");
+      if (ftruncate(fd, off_t(bytes)) != 0) {
+        close(fd);
+        shm_unlink(name_.c_str());
+        sys_fail("cannot size the segment");
+      }
+    } else {
+      for (;;) {  // wait for rank 0 to create it
+        fd = shm_open(name_.c_str(), O_RDWR, 0600);
+        if (fd >= 0) {
+          struct stat st {};
+          if (fstat(fd, &st) == 0 && std::size_t(st.st_size) == bytes) break;
+          close(fd);
+          fd = -1;
+        }
+        if (std::chrono::steady_clock::now() > deadline)
+          throw error(errc::timeout, "shm " + name_ + ": rank " + std::to_string(rank_) +
+                                         " timed out waiting for rank 0 to create the job's segment");
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    }
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) sys_fail("cannot map the segment");
+    base_ = static_cast<std::byte*>(p);
+    bytes_ = bytes;
+    if (rank_ == 0) {
+      header& h = hdr();
+      h.n = std::uint32_t(n_);
+      h.slots = kSlots;
+      h.slot_bytes = cfg_.slot_bytes;
+      h.first_failed.store(-1);
+      for (int r = 0; r < n_; ++r) {
+        pthread_mutexattr_t a;
+        pthread_mutexattr_init(&a);
+        pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+        pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+        pthread_mutex_init(&rc(r).alive, &a);
+        pthread_mutexattr_destroy(&a);
+      }
+      h.magic.store(kMagic, std::memory_order_release);
+    } else {
+      while (hdr().magic.load(std::memory_order_acquire) != kMagic) {
+        if (std::chrono::steady_clock::now() > deadline) {
+          release();
+          throw error(errc::timeout, "shm " + name_ + ": rank " + std::to_string(rank_) +
+                                         " timed out waiting for rank 0 to initialise the segment");
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      if (hdr().n != std::uint32_t(n_) || hdr().slot_bytes != cfg_.slot_bytes) {
+        const auto hn = hdr().n;
+        release();
+        throw error(errc::mismatch, "shm " + name_ + ": rank " + std::to_string(rank_) + " was started for " +
+                                        std::to_string(n_) + " ranks but the job's segment is for " + std::to_string(hn));
+      }
+    }
+    rank_ctl& m = me();
+    const int lr = pthread_mutex_lock(&m.alive);
+    if (lr == EOWNERDEAD) pthread_mutex_consistent(&m.alive);
+    m.pid = std::int32_t(getpid());
+    m.state.store(kLive);
+    left_ = false;
+    hdr().attached.fetch_add(1, std::memory_order_seq_cst);
+    for (int q = 0; q < n_; ++q) rc(q).doorbell.wake(true);
+    // Everyone attached: the name is no longer needed, so nothing can leak into /dev/shm.
+    while (hdr().attached.load(std::memory_order_seq_cst) < std::uint32_t(n_)) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        std::string missing;
+        for (int q = 0; q < n_; ++q)
+          if (rc(q).state.load() == 0) missing += (missing.empty() ? "" : ", ") + std::to_string(q);
+        shm_unlink(name_.c_str());
+        release();
+        throw error(errc::timeout, "shm " + name_ + ": rank " + std::to_string(rank_) + " timed out waiting for rank(s) " +
+                                       missing + " to attach");
+      }
+      const std::uint32_t v = me().doorbell.word.load();
+      if (hdr().attached.load() < std::uint32_t(n_)) detail::futex_wait(me().doorbell.word, v, std::chrono::milliseconds(10), true);
+    }
+    std::uint32_t zero = 0;
+    if (hdr().unlinked.compare_exchange_strong(zero, 1)) shm_unlink(name_.c_str());
+  }
+
+  void release() noexcept {
+    if (base_ == nullptr) return;
+    leave();
+    munmap(base_, bytes_);
+    base_ = nullptr;
+  }
+
+  /// True when peer p can no longer take part: it failed, died, or left.
+  bool peer_gone(int p, const call_info&) {
+    rank_ctl& r = rc(p);
+    const std::uint32_t s = r.state.load(std::memory_order_seq_cst);
+    if (s == kFailed || s == kLeft) return true;
+    const int lr = pthread_mutex_trylock(&r.alive);
+    if (lr == EBUSY) return false;  // held: alive
+    if (lr == EOWNERDEAD) {
+      pthread_mutex_consistent(&r.alive);
+      pthread_mutex_unlock(&r.alive);
+      std::uint32_t live = kLive;
+      if (r.state.compare_exchange_strong(live, kFailed)) {
+        std::snprintf(r.why, sizeof r.why, "process %d died (killed or crashed) without leaving the job", int(r.pid));
+        std::int32_t none = -1;
+        hdr().first_failed.compare_exchange_strong(none, p);
+      }
+      return true;
+    }
+    if (lr == 0) pthread_mutex_unlock(&r.alive);  // free: it has left (or not yet attached)
+    return r.state.load(std::memory_order_seq_cst) != kLive;
+  }
+
+  [[noreturn]] void report_gone(int p, const call_info& call) const {
+    const rank_ctl& r = rc(p);
+    const std::uint32_t s = r.state.load(std::memory_order_seq_cst);
+    if (s == kLeft)
+      call.fail(errc::peer_lost, "lost rank " + std::to_string(p) +
+                                     ": it has left the job (it made fewer calls than this rank)");
+    call.fail(errc::peer_lost, "lost rank " + std::to_string(p) + ": " + std::string(r.why, strnlen(r.why, sizeof r.why)));
+  }
+
+  bool failed_elsewhere(const call_info&) const {
+    const std::int32_t f = hdr().first_failed.load(std::memory_order_seq_cst);
+    return f >= 0 && f != rank_;
+  }
+  void report_failed_elsewhere(const call_info& call) const {
+    const std::int32_t f = hdr().first_failed.load(std::memory_order_seq_cst);
+    if (f >= 0 && f != rank_) {
+      const rank_ctl& r = rc(f);
+      call.fail(errc::peer_lost, "the job was aborted: rank " + std::to_string(f) + " failed: " +
+                                     std::string(r.why, strnlen(r.why, sizeof r.why)));
+    }
+  }
+
+  int rank_ = 0, n_ = 1;
+  config cfg_;
+  std::string name_;
+  std::byte* base_ = nullptr;
+  std::size_t bytes_ = 0;
+  bool left_ = true;
+  // exchange()'s progress per operation, reused across calls
+  std::vector<op_state> send_state_, recv_state_;
+};
+
+}  // namespace collx::transport

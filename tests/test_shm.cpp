@@ -1,0 +1,225 @@
+// transport::shm: the core's test matrix over real processes, and what only processes can show:
+// jobs that must not mix, a rank killed mid-collective, /dev/shm left clean, launch from the
+// environment.
+#include <catch2/catch.hpp>
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <numeric>
+#include <thread>
+
+#include "harness.hpp"
+
+using namespace collx_test;
+using namespace std::chrono_literals;
+using Catch::Matchers::Contains;
+namespace algo = collx::algo;
+
+namespace {
+const std::vector<int>& shm_ranks() {
+  static const std::vector<int> v{1, 2, 3, 4, 5, 8};
+  return v;
+}
+
+/// Names in /dev/shm that belong to collx.
+std::vector<std::string> collx_segments() {
+  std::vector<std::string> v;
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d))
+      if (std::string(e->d_name).rfind("collx-", 0) == 0) v.push_back(e->d_name);
+    closedir(d);
+  }
+  return v;
+}
+}  // namespace
+
+TEMPLATE_TEST_CASE("over shm: reducing collectives equal the serial reference", "[shm]", algo::ring, algo::tree,
+                   algo::recursive_halving, algo::automatic) {
+  for (int n : shm_ranks())
+    for (std::size_t count : counts_for(n)) {
+      CAPTURE(n, count);
+      const std::size_t k = count / std::size_t(n) + (count % 2);
+      CHECK(run_all_reduce<float, collx::ops::sum, TestType, processes>(n, count, false) == "");
+      CHECK(run_all_reduce<std::int32_t, collx::ops::sum, TestType, processes>(n, count, true) == "");
+      CHECK(run_reduce_scatter<float, collx::ops::sum, TestType, processes>(n, k) == "");
+      CHECK(run_reduce<std::int32_t, collx::ops::sum, TestType, processes>(n, count, n - 1) == "");
+    }
+}
+
+TEMPLATE_TEST_CASE("over shm: data-moving collectives deliver every block", "[shm]", algo::ring, algo::tree,
+                   algo::recursive_halving, algo::automatic) {
+  for (int n : shm_ranks())
+    for (std::size_t count : counts_for(n)) {
+      CAPTURE(n, count);
+      const std::size_t k = count / std::size_t(n) + (count % 2);
+      CHECK(run_all_gather<float, TestType, processes>(n, k) == "");
+      CHECK(run_broadcast<std::int32_t, TestType, processes>(n, count, n / 2) == "");
+    }
+}
+
+TEST_CASE("over shm: every dtype and op, and a non-commutative user op", "[shm]") {
+  for (int n : {3, 8}) {
+    CAPTURE(n);
+    CHECK(run_all_reduce<std::int8_t, collx::ops::sum, algo::ring, processes>(n, 1001, false) == "");
+    CHECK(run_all_reduce<std::uint64_t, collx::ops::sum, algo::tree, processes>(n, 1001, false) == "");
+    CHECK(run_all_reduce<double, collx::ops::sum, algo::recursive_halving, processes>(n, 100003, true) == "");
+    CHECK(run_all_reduce<collx::half, collx::ops::sum, algo::ring, processes>(n, 100003, false) == "");
+    CHECK(run_all_reduce<collx::bfloat16, collx::ops::sum, algo::tree, processes>(n, 100003, false) == "");
+    CHECK(run_all_reduce<float, collx::ops::prod, algo::ring, processes>(n, 1001, false) == "");
+    CHECK(run_all_reduce<float, collx::ops::min, algo::tree, processes>(n, 1001, false) == "");
+    CHECK(run_all_reduce<std::int32_t, collx::ops::max, algo::recursive_halving, processes>(n, 1001, false) == "");
+    CHECK(run_all_reduce<collx::bfloat16, collx::ops::avg, algo::ring, processes>(n, 1001, false) == "");
+    CHECK(run_all_reduce<std::int32_t, collx::ops::bxor, algo::ring, processes>(n, 1001, false) == "");
+  }
+}
+
+TEST_CASE("over shm: all_to_all_v with uneven blocks", "[shm]") {
+  for (int n : shm_ranks()) {
+    CAPTURE(n);
+    CHECK(run_checked<processes>(n, [n](auto& comm, auto note) {
+            const int r = comm.rank();
+            std::vector<std::size_t> sc(static_cast<std::size_t>(n)), rc(static_cast<std::size_t>(n));
+            for (int j = 0; j < n; ++j) {
+              sc[std::size_t(j)] = std::size_t((r * 7 + j * 3) % 5) * 20011;
+              rc[std::size_t(j)] = std::size_t((j * 7 + r * 3) % 5) * 20011;
+            }
+            std::vector<std::int64_t> in(std::accumulate(sc.begin(), sc.end(), std::size_t(0)));
+            std::vector<std::int64_t> out(std::accumulate(rc.begin(), rc.end(), std::size_t(0))), want(out.size());
+            std::size_t o = 0;
+            for (int j = 0; j < n; ++j)
+              for (std::size_t i = 0; i < sc[std::size_t(j)]; ++i) in[o++] = r * 1000000 + j * 10000 + std::int64_t(i);
+            o = 0;
+            for (int j = 0; j < n; ++j)
+              for (std::size_t i = 0; i < rc[std::size_t(j)]; ++i) want[o++] = j * 1000000 + r * 10000 + std::int64_t(i);
+            collx::all_to_all_v(comm, std::span<const std::int64_t>{in}, std::span<const std::size_t>{sc}, std::span{out},
+                                std::span<const std::size_t>{rc});
+            note(compare(out, want));
+          }) == "");
+  }
+}
+
+TEST_CASE("over shm: two jobs at once never mix", "[shm]") {
+  std::string a, b;
+  std::thread other([&] { a = run_all_reduce<float, collx::ops::sum, algo::ring, processes>(4, 100003, false); });
+  b = run_all_reduce<std::int32_t, collx::ops::sum, algo::tree, processes>(3, 100003, false);
+  other.join();
+  CHECK(a == "");
+  CHECK(b == "");
+}
+
+TEST_CASE("over shm: a rank killed mid-collective is reported by every other rank within seconds", "[shm][faults]") {
+  const auto before = collx_segments();
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    collx::options o;
+    o.timeout = 60s;  // detection must not wait for the timeout
+    collx::launch_processes(4, [](auto& comm) {
+      std::vector<float> v(1 << 20, 1.0f);
+      collx::all_reduce(comm, std::span{v}, collx::ops::sum{}, algo::ring{});
+      if (comm.rank() == 2) raise(SIGKILL);
+      collx::all_reduce(comm, std::span{v}, collx::ops::sum{}, algo::ring{});
+    }, o);
+    FAIL("no error");
+  } catch (const collx::error& e) {
+    CHECK(e.code() == collx::errc::peer_lost);
+    CHECK_THAT(e.what(), Contains("rank 2") && Contains("signal 9"));
+    CHECK_THAT(e.what(), Contains("4 ranks failed"));  // the three others failed too, not hung
+  }
+  CHECK(std::chrono::steady_clock::now() - t0 < 10s);
+  CHECK(collx_segments() == before);  // nothing of the job is left in /dev/shm
+}
+
+TEST_CASE("over shm: a rank killed before everyone attached leaves /dev/shm clean", "[shm][faults]") {
+  const auto before = collx_segments();
+  collx::options o;
+  o.timeout = 1s;
+  collx::transport::shm::config cfg;
+  cfg.attach_timeout = 1s;
+  // rank 1 dies at once: the others time out attaching, naming it
+  try {
+    const std::string job = "early-death-" + std::to_string(getpid());
+    std::vector<pid_t> kids;
+    for (int r = 0; r < 3; ++r) {
+      const pid_t p = fork();
+      if (p == 0) {
+        if (r == 1) _exit(3);
+        try {
+          collx::transport::shm t(job, r, 3, cfg);
+          _exit(0);
+        } catch (const collx::error& e) {
+          _exit(e.code() == collx::errc::timeout && std::string(e.what()).find("rank(s) 1") != std::string::npos ? 42 : 1);
+        }
+      }
+      kids.push_back(p);
+    }
+    int n42 = 0;
+    for (pid_t p : kids) {
+      int st = 0;
+      waitpid(p, &st, 0);
+      n42 += WIFEXITED(st) && WEXITSTATUS(st) == 42;
+    }
+    CHECK(n42 == 2);
+  } catch (...) {
+    FAIL("unexpected exception");
+  }
+  CHECK(collx_segments() == before);
+}
+
+TEST_CASE("over shm: mismatched calls fail with errc::mismatch", "[shm][mismatch]") {
+  try {
+    collx::options o;
+    o.timeout = 10s;
+    collx::launch_processes(3, [](auto& comm) {
+      std::vector<float> v(comm.rank() == 1 ? 12 : 10, 1.0f);
+      collx::all_reduce(comm, std::span{v}, collx::ops::sum{}, algo::ring{});
+    }, o);
+    FAIL("no error");
+  } catch (const collx::error& e) {
+    CHECK(e.code() == collx::errc::mismatch);
+    CHECK_THAT(e.what(), Contains("12 x 4 B") && Contains("10 x 4 B"));
+  }
+}
+
+TEST_CASE("shm::from_env reads torchrun's, mpirun's, srun's and PMI's variables", "[shm][env]") {
+  struct conv { const char *rank, *size, *job_var, *job_val; };
+  const conv convs[] = {{"RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "t1"},
+                        {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_NAMESPACE", "ns1"},
+                        {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID", "77"},
+                        {"PMI_RANK", "PMI_SIZE", "PMI_KVSNAME", "kvs1"}};
+  for (const conv& c : convs) {
+    CAPTURE(c.rank);
+    const int n = 3;
+    std::vector<pid_t> kids;
+    const std::string job = std::string(c.job_val) + "-" + std::to_string(getpid());
+    for (int r = 0; r < n; ++r) {
+      const pid_t p = fork();
+      if (p == 0) {
+        setenv(c.rank, std::to_string(r).c_str(), 1);
+        setenv(c.size, std::to_string(n).c_str(), 1);
+        setenv(c.job_var, job.c_str(), 1);
+        int code = 1;
+        try {
+          collx::communicator<collx::transport::shm> comm{collx::transport::shm::from_env()};
+          std::vector<int> v(1000, comm.rank());
+          collx::all_reduce(comm, std::span{v}, collx::ops::sum{});
+          code = (v[999] == 3 && comm.size() == n && comm.rank() == r) ? 0 : 2;
+        } catch (...) {
+          code = 3;
+        }
+        _exit(code);
+      }
+      kids.push_back(p);
+    }
+    for (pid_t p : kids) {
+      int st = 0;
+      waitpid(p, &st, 0);
+      CHECK((WIFEXITED(st) && WEXITSTATUS(st) == 0));
+    }
+  }
+  // No launcher at all: a clear error, not a guess.
+  CHECK_THROWS_WITH(collx::launch_info_from_env(), Contains("no launcher found"));
+}
