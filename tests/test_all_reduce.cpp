@@ -5,7 +5,8 @@
 using namespace collx_test;
 
 TEMPLATE_TEST_CASE("all_reduce equals the serial reference for every rank count and size", "[all_reduce]",
-                   collx::algo::ring, collx::algo::tree, collx::algo::recursive_halving, collx::algo::automatic) {
+                   collx::algo::ring, collx::algo::tree, collx::algo::recursive_halving, collx::algo::recursive_doubling,
+                   collx::algo::automatic) {
   for (int n : rank_counts())
     for (std::size_t count : counts_for(n))
       for (bool in_place : {false, true}) {

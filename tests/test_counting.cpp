@@ -82,6 +82,23 @@ TEST_CASE("recursive halving all_reduce: 2·log2 N steps and 2(N-1)/N·D bytes f
   }
 }
 
+TEST_CASE("recursive doubling all_reduce: log2 N steps of the whole vector", "[cost][doubling]") {
+  for (int n : {2, 4, 8, 16}) {
+    CAPTURE(n);
+    const std::size_t count = 1000;
+    const auto t = count_traffic(n, [&](auto& comm) {
+      std::vector<float> v(count, 1.0f);
+      collx::all_reduce(comm, std::span{v}, collx::ops::sum{}, algo::recursive_doubling{});
+    });
+    const int lg = algo::ceil_log2(n);
+    for (const auto& x : t) {
+      CHECK(x.steps == std::uint64_t(lg));
+      CHECK(x.bytes_sent == std::uint64_t(lg) * count * 4);
+      CHECK(x.bytes_reduced == std::uint64_t(lg) * count * 4);
+    }
+  }
+}
+
 TEST_CASE("binomial tree: ceil(log2 N) steps at the root, D bytes per step", "[cost][tree]") {
   for (int n : {2, 3, 5, 8, 13, 16}) {
     CAPTURE(n);

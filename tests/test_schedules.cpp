@@ -9,7 +9,7 @@ using namespace collx_test;
 namespace algo = collx::algo;
 
 TEMPLATE_TEST_CASE("every schedule is consistent across ranks", "[schedule]", algo::ring, algo::tree,
-                   algo::recursive_halving, algo::pairwise) {
+                   algo::recursive_halving, algo::recursive_doubling, algo::pairwise) {
   const TestType a{};
   for (int n = 1; n <= 33; ++n)
     for (std::size_t count : {std::size_t(0), std::size_t(1), std::size_t(n + 1), std::size_t(1000003)})
@@ -41,6 +41,7 @@ TEST_CASE("steps on the critical path match the derivations", "[schedule][cost]"
     CHECK(span(schedules(algo::tree{}, coll::broadcast, n, big, n / 2)) == lg);
     CHECK(span(schedules(algo::tree{}, coll::reduce, n, big, n / 2)) == lg);
     CHECK(span(schedules(algo::pairwise{}, coll::all_to_all, n, big)) == n - 1);
+    CHECK(span(schedules(algo::recursive_doubling{}, coll::all_reduce, n, big)) == lgp + extra);
     // The double binary tree, one chunk: up the in-order tree and down again. Its height is
     // ceil(log2 n) (rank 0, the root, has a single child: the top of a complete tree below it).
     const std::size_t one_chunk = 16;

@@ -72,6 +72,15 @@ TEMPLATE_TEST_CASE("a non-commutative op gives the rank-ordered product", "[user
     }
 }
 
+TEST_CASE("recursive doubling all-reduces a non-commutative op in rank order", "[user_op][noncommutative]") {
+  for (int n : rank_counts())
+    for (std::size_t count : {std::size_t(0), std::size_t(1), std::size_t(n + 1), std::size_t(4099)}) {
+      CAPTURE(n, count);
+      CHECK(run_all_reduce<mat2, matmul, algo::recursive_doubling>(n, count, false) == "");
+      CHECK(run_all_reduce<mat2, matmul, algo::recursive_doubling>(n, count, true) == "");
+    }
+}
+
 TEST_CASE("ops::make wraps a lambda", "[user_op]") {
   auto absmax = collx::ops::make([](float a, float b) { return std::max(std::abs(a), std::abs(b)); });
   collx::launch_threads(5, [&](auto& comm) {

@@ -2,6 +2,7 @@
 // collx: collective communication, header-only C++20. The umbrella header: only the public headers.
 #include "algo/automatic.hpp"
 #include "algo/pairwise.hpp"
+#include "algo/recursive_doubling.hpp"
 #include "algo/recursive_halving.hpp"
 #include "algo/ring.hpp"
 #include "algo/tree.hpp"

@@ -9,8 +9,11 @@
 #include <utility>
 #include <vector>
 
+#include <array>
+
 #include "concepts.hpp"
 #include "error.hpp"
+#include "schedule.hpp"
 
 namespace collx {
 
@@ -51,6 +54,28 @@ class communicator {
   std::uint64_t next_seq() noexcept { return ++seq_; }
   std::uint64_t calls() const noexcept { return seq_; }
 
+  /// What identifies a schedule: the policy and problem types (kind) and the problem's values.
+  struct schedule_key {
+    const void* kind = nullptr;
+    std::array<std::uint64_t, 8> v{};
+    friend bool operator==(const schedule_key&, const schedule_key&) = default;
+  };
+
+  /// Policies are pure functions of their problem, so a schedule built once serves every later
+  /// call of the same shape (a training loop's all-reduce, a benchmark): building it costs a
+  /// few allocations, ~100 ns, which is a third of a small all-reduce between processes.
+  template <class Build>
+  const schedule& cached_schedule(const schedule_key& k, Build&& build) {
+    for (auto& e : cache_)
+      if (e.valid && e.key == k) return e.s;
+    auto& e = cache_[next_slot_++ % cache_.size()];
+    e.valid = false;
+    e.s = build();
+    e.key = k;
+    e.valid = true;
+    return e.s;
+  }
+
   /// Scratch memory for schedules that need it; grows, never shrinks, reused across calls.
   std::byte* scratch(std::size_t bytes) {
     if (scratch_.size() < bytes) scratch_.resize(bytes);
@@ -61,6 +86,13 @@ class communicator {
   T t_;
   options opts_;
   std::uint64_t seq_ = 0;
+  struct cache_entry {
+    bool valid = false;
+    schedule_key key;
+    schedule s;
+  };
+  std::array<cache_entry, 8> cache_{};
+  std::size_t next_slot_ = 0;
   // aligned storage: max_align_t-sized elements
   struct alignas(64) line { std::byte b[64]; };
   struct bytes_vec {

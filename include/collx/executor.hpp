@@ -17,6 +17,12 @@
 #include "schedule.hpp"
 #include "signature.hpp"
 
+/// Argument checks, done before anything is sent: the message is built only on failure.
+#define COLLX_REQUIRE(ok, call, what)                                  \
+  do {                                                                 \
+    if (!(ok)) (call).fail(::collx::errc::invalid_argument, (what));   \
+  } while (0)
+
 namespace collx {
 
 /// Marker for collectives that reduce nothing.
@@ -87,6 +93,24 @@ void execute(communicator<T>& comm, const call_info& call, const schedule& s, co
   }
 }
 
+template <class Policy, class Problem>
+inline const char schedule_kind = 0;
+
+constexpr std::uint64_t rank_and_size(int rank, int size) { return std::uint64_t(std::uint32_t(rank)) << 32 | std::uint32_t(size); }
+
+/// The cached schedule of `pol` for problem `p` (every field of p is a value the schedule
+/// depends on, listed by the caller in `values`), built by `build` when not cached.
+template <class Policy, class Problem, class T, class Build>
+const schedule& cached(communicator<T>& comm, const Policy& pol, std::initializer_list<std::uint64_t> values,
+                       Build&& build) {
+  typename communicator<T>::schedule_key k;
+  k.kind = &schedule_kind<Policy, Problem>;
+  std::size_t i = 0;
+  if constexpr (requires { pol.chunk_bytes; }) k.v[i++] = pol.chunk_bytes;
+  for (std::uint64_t x : values) k.v[i++] = x;  // at most 7 values: the key holds 8
+  return comm.cached_schedule(k, std::forward<Build>(build));
+}
+
 /// Builds the call_info every collective starts with; the sequence number advances here.
 template <class E, class Op, class T>
 call_info make_call(communicator<T>& comm, const char* collective, const char* policy, std::size_t count, int root = -1) {
@@ -94,9 +118,11 @@ call_info make_call(communicator<T>& comm, const char* collective, const char* p
   detail::set_name(c.sig.collective, collective);
   detail::set_name(c.sig.policy, policy);
   if constexpr (!std::is_same_v<Op, no_op>) {
+    static constexpr std::string_view op_type = detail::type_name<Op>();
+    static constexpr std::uint64_t op_hash = detail::fnv1a(op_type);
     if constexpr (requires { Op::name; }) detail::set_name(c.sig.op, Op::name);
-    else detail::set_name(c.sig.op, detail::type_name<Op>());
-    c.sig.op_hash = detail::fnv1a(detail::type_name<Op>());
+    else detail::set_name(c.sig.op, op_type);
+    c.sig.op_hash = op_hash;
   }
   c.sig.seq = comm.next_seq();
   c.sig.count = count;
@@ -107,12 +133,6 @@ call_info make_call(communicator<T>& comm, const char* collective, const char* p
   return c;
 }
 
-/// Argument checks, done before anything is sent. A failure here does not poison the
-/// communicator: the peers will see this rank's failure as a timeout or a later mismatch only if
-/// the caller goes on with different calls.
-inline void require(bool ok, const call_info& call, const std::string& what) {
-  if (!ok) call.fail(errc::invalid_argument, what);
-}
 
 }  // namespace detail
 }  // namespace collx

@@ -85,6 +85,7 @@ void launch_processes(int n, F&& f, options opts = {}, transport::shm::config cf
         code = 1;
       }
       close(p[1]);
+      std::fflush(nullptr);
       _exit(code);
     }
     close(p[1]);

@@ -16,7 +16,7 @@ struct automatic {
 
 enum class collective { all_reduce, reduce_scatter, all_gather, broadcast, reduce, all_to_all };
 
-enum class choice { ring, tree, recursive_halving, pairwise };
+enum class choice { ring, tree, recursive_halving, recursive_doubling, pairwise };
 
 /// The rule automatic follows (to be replaced by the cost model's least predicted time): small
 /// messages go to the log-step policies, large ones to the bandwidth-optimal ring, and
@@ -31,6 +31,7 @@ constexpr choice choose(collective c, int n, std::size_t bytes, bool commutative
       if (!commutative) return choice::recursive_halving;
       return small ? choice::tree : choice::ring;
     case collective::all_reduce:
+      if (bytes <= tuning::latency_bound_bytes) return choice::recursive_doubling;
       if (!commutative) return choice::recursive_halving;
       return small ? choice::tree : choice::ring;
     case collective::all_gather:

@@ -18,4 +18,10 @@ inline constexpr std::size_t pipeline_chunk_bytes = std::size_t(256) << 10;
 /// ring 572 us; 1 MiB tree 838 vs ring 980; 4 MiB ring 3399 vs tree 3630.
 inline constexpr std::size_t small_message_bytes = std::size_t(1) << 20;
 
+/// algo::automatic: all-reduces of at most this many bytes use recursive doubling (log2 N steps
+/// of whole vectors), where latency dominates. Measured over shm, 2 processes on 2 cores,
+/// `collx-perf --transport shm -np 2 -b 8 -e 64K -f 2 --op all_reduce --algo all`: see
+/// docs/performance.md.
+inline constexpr std::size_t latency_bound_bytes = std::size_t(4) << 10;
+
 }  // namespace collx::algo::tuning

@@ -12,7 +12,9 @@ void all_gather_blocks(communicator<T>& comm, const call_info& call, const E* in
   static_assert(check_policy<Algo>());
   static_assert(requires(const algo::ag_problem& p) { a.all_gather(p); },
                 "collx: this policy has no all_gather schedule (ring, tree and recursive_halving have one)");
-  const schedule s = a.all_gather(algo::ag_problem{comm.rank(), comm.size(), blocks, in_place, 0, sizeof(E)});
+  const algo::ag_problem p{comm.rank(), comm.size(), blocks, in_place, 0, sizeof(E)};
+  const schedule& s = cached<Algo, algo::ag_problem>(
+      comm, a, {rank_and_size(p.rank, p.size), blocks.total, in_place, sizeof(E)}, [&] { return a.all_gather(p); });
   execute(comm, call, s, in, out, no_op{});
 }
 }  // namespace detail
@@ -24,11 +26,11 @@ void all_gather(communicator<T>& comm, std::span<const std::type_identity_t<E>> 
   static_assert(check_policy<Algo>());
   auto call = detail::make_call<E, no_op>(comm, "all_gather", Algo::name, in.size());
   const auto n = std::size_t(comm.size());
-  detail::require(out.size() == n * in.size(), call,
+  COLLX_REQUIRE(out.size() == n * in.size(), call,
                   "the output has " + detail::n_elems(out.size()) + " but must have size x input = " +
                       std::to_string(n) + " x " + std::to_string(in.size()));
-  detail::require(!detail::partially_overlap(in, out), call, "the input and output overlap");
-  detail::with_policy<ops::sum>(a, algo::collective::all_gather, comm.size(), out.size_bytes(), call,
+  COLLX_REQUIRE(!detail::partially_overlap(in, out), call, "the input and output overlap");
+  detail::with_policy<ops::sum, algo::collective::all_gather>(a, comm.size(), out.size_bytes(), call,
                                 [&](const auto& pol) {
                                   detail::all_gather_blocks(comm, call, in.data(), out.data(),
                                                             partition(out.size(), comm.size()), false, pol);

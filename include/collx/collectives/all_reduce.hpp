@@ -12,11 +12,17 @@ template <class T, class E, class Op, class Algo>
 void all_reduce_impl(communicator<T>& comm, call_info& call, const E* in, E* out, std::size_t count, Op op,
                      Algo a) {
   const buf src = in == out ? buf::out : buf::in;
-  with_policy<Op>(a, algo::collective::all_reduce, comm.size(), count * sizeof(E), call, [&](const auto& pol) {
+  with_policy<Op, algo::collective::all_reduce>(a, comm.size(), count * sizeof(E), call, [&](const auto& pol) {
     if constexpr (requires(const algo::ar_problem& p) { pol.all_reduce(p); }) {
-      static_assert(check_reducing<E, Op, std::decay_t<decltype(pol)>>());
-      schedule s = pol.all_reduce({comm.rank(), comm.size(), count, sizeof(E), is_commutative_v<Op>, src});
-      s.finalize({buf::out, 0, count});
+      using P = std::decay_t<decltype(pol)>;
+      static_assert(check_reducing<E, Op, P>());
+      const algo::ar_problem p{comm.rank(), comm.size(), count, sizeof(E), is_commutative_v<Op>, src};
+      const schedule& s = cached<P, algo::ar_problem>(
+          comm, pol, {rank_and_size(p.rank, p.size), count, sizeof(E), p.commutative, std::uint64_t(src)}, [&] {
+            schedule x = pol.all_reduce(p);
+            x.finalize({buf::out, 0, count});
+            return x;
+          });
       execute(comm, call, s, in, out, op);
     } else {
       const partition blocks(count, comm.size());
@@ -33,9 +39,9 @@ void all_reduce(communicator<T>& comm, std::span<const std::type_identity_t<E>> 
                 Algo a = {}) {
   static_assert(detail::check_reducing<E, Op, Algo>());
   auto call = detail::make_call<E, Op>(comm, "all_reduce", Algo::name, in.size());
-  detail::require(out.size() == in.size(), call,
+  COLLX_REQUIRE(out.size() == in.size(), call,
                   "the output has " + detail::n_elems(out.size()) + " but the input has " + std::to_string(in.size()));
-  detail::require(!detail::partially_overlap(in, out), call, "the input and output overlap");
+  COLLX_REQUIRE(!detail::partially_overlap(in, out), call, "the input and output overlap");
   detail::all_reduce_impl(comm, call, in.data(), out.data(), in.size(), op, a);
 }
 

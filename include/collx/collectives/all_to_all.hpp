@@ -36,11 +36,11 @@ void all_to_all(communicator<T>& comm, std::span<const std::type_identity_t<E>> 
   static_assert(detail::check_a2a_policy<Algo>());
   auto call = detail::make_call<E, no_op>(comm, "all_to_all", algo::pairwise::name, in.size());
   const auto n = std::size_t(comm.size());
-  detail::require(in.size() % n == 0, call,
+  COLLX_REQUIRE(in.size() % n == 0, call,
                   "the input has " + detail::n_elems(in.size()) + ", not a multiple of the " + std::to_string(n) + " ranks");
-  detail::require(out.size() == in.size(), call,
+  COLLX_REQUIRE(out.size() == in.size(), call,
                   "the output has " + detail::n_elems(out.size()) + " but the input has " + std::to_string(in.size()));
-  detail::require(!detail::partially_overlap(in, out) && !(in.data() == out.data() && !in.empty()), call,
+  COLLX_REQUIRE(!detail::partially_overlap(in, out) && !(in.data() == out.data() && !in.empty()), call,
                   "the input and output overlap (all_to_all has no in-place form)");
   const std::vector<std::size_t> counts(n, in.size() / n);
   detail::all_to_all_run(comm, call, in.data(), out.data(), counts, counts);
@@ -57,16 +57,16 @@ void all_to_all_v(communicator<T>& comm, std::span<const std::type_identity_t<E>
   static_assert(std::is_trivially_copyable_v<E>, "collx: element types must be trivially copyable");
   auto call = detail::make_call<E, no_op>(comm, "all_to_all_v", algo::pairwise::name, 0);
   const auto n = std::size_t(comm.size());
-  detail::require(send_counts.size() == n && recv_counts.size() == n, call,
+  COLLX_REQUIRE(send_counts.size() == n && recv_counts.size() == n, call,
                   "send_counts and recv_counts need one entry per rank (" + std::to_string(n) + "), got " +
                       std::to_string(send_counts.size()) + " and " + std::to_string(recv_counts.size()));
   const std::size_t ns = std::accumulate(send_counts.begin(), send_counts.end(), std::size_t(0));
   const std::size_t nr = std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t(0));
-  detail::require(ns == in.size(), call,
+  COLLX_REQUIRE(ns == in.size(), call,
                   "send_counts add up to " + std::to_string(ns) + " but the input has " + detail::n_elems(in.size()));
-  detail::require(nr == out.size(), call,
+  COLLX_REQUIRE(nr == out.size(), call,
                   "recv_counts add up to " + std::to_string(nr) + " but the output has " + detail::n_elems(out.size()));
-  detail::require(!detail::partially_overlap(in, out) && !(in.data() == out.data() && !in.empty()), call,
+  COLLX_REQUIRE(!detail::partially_overlap(in, out) && !(in.data() == out.data() && !in.empty()), call,
                   "the input and output overlap (all_to_all_v has no in-place form)");
   detail::all_to_all_run(comm, call, in.data(), out.data(), send_counts, recv_counts);
 }

@@ -7,6 +7,7 @@
 
 #include "../algo/automatic.hpp"
 #include "../algo/pairwise.hpp"
+#include "../algo/recursive_doubling.hpp"
 #include "../algo/recursive_halving.hpp"
 #include "../algo/ring.hpp"
 #include "../algo/tree.hpp"
@@ -46,11 +47,11 @@ constexpr bool check_reducing() {
 }
 
 /// Calls f with the concrete policy to run: algo itself, or automatic's choice.
-template <class Op, class Algo, class F>
-void with_policy(const Algo& a, algo::collective c, int n, std::size_t bytes, call_info& call, F&& f) {
+template <class Op, algo::collective C, class Algo, class F>
+void with_policy(const Algo& a, int n, std::size_t bytes, call_info& call, F&& f) {
   if constexpr (std::is_same_v<Algo, algo::automatic>) {
     constexpr bool comm = is_commutative_v<Op>;
-    switch (algo::choose(c, n, bytes, comm)) {
+    switch (algo::choose(C, n, bytes, comm)) {
       case algo::choice::ring:
         if constexpr (comm) {
           set_name(call.sig.policy, algo::ring::name);
@@ -62,6 +63,13 @@ void with_policy(const Algo& a, algo::collective c, int n, std::size_t bytes, ca
         set_name(call.sig.policy, algo::tree::name);
         f(algo::tree{});
         return;
+      case algo::choice::recursive_doubling:
+        if constexpr (C == algo::collective::all_reduce) {
+          set_name(call.sig.policy, algo::recursive_doubling::name);
+          f(algo::recursive_doubling{});
+          return;
+        }
+        break;
       default: break;
     }
     set_name(call.sig.policy, algo::recursive_halving::name);

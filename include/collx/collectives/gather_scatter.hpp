@@ -8,7 +8,7 @@ namespace collx {
 
 namespace detail {
 inline void check_root(int root, int n, const call_info& call) {
-  require(root >= 0 && root < n, call, "root " + std::to_string(root) + " is out of range [0, " + std::to_string(n) + ")");
+  COLLX_REQUIRE(root >= 0 && root < n, call, "root " + std::to_string(root) + " is out of range [0, " + std::to_string(n) + ")");
 }
 }  // namespace detail
 
@@ -23,10 +23,10 @@ void gather(communicator<T>& comm, std::span<const std::type_identity_t<E>> in, 
   const std::size_t k = in.size();
   schedule s;
   if (r == root) {
-    detail::require(out.size() == std::size_t(n) * k, call,
+    COLLX_REQUIRE(out.size() == std::size_t(n) * k, call,
                     "the output at the root has " + detail::n_elems(out.size()) + " but must have size x input = " +
                         std::to_string(n) + " x " + std::to_string(k));
-    detail::require(!detail::partially_overlap(in, out), call, "the input and output overlap");
+    COLLX_REQUIRE(!detail::partially_overlap(in, out), call, "the input and output overlap");
     s.copy({buf::out, std::size_t(r) * k, k}, {buf::in, 0, k});
     for (int i = 0; i < n; ++i)
       if (i != r) s.recv(i, {buf::out, std::size_t(i) * k, k});
@@ -46,10 +46,10 @@ void scatter(communicator<T>& comm, std::span<const std::type_identity_t<E>> in,
   const std::size_t k = out.size();
   schedule s;
   if (r == root) {
-    detail::require(in.size() == std::size_t(n) * k, call,
+    COLLX_REQUIRE(in.size() == std::size_t(n) * k, call,
                     "the input at the root has " + detail::n_elems(in.size()) + " but must have size x output = " +
                         std::to_string(n) + " x " + std::to_string(k));
-    detail::require(!detail::partially_overlap(in, out), call, "the input and output overlap");
+    COLLX_REQUIRE(!detail::partially_overlap(in, out), call, "the input and output overlap");
     s.copy({buf::out, 0, k}, {buf::in, std::size_t(r) * k, k});
     for (int i = 0; i < n; ++i)
       if (i != r) s.send(i, {buf::in, std::size_t(i) * k, k});

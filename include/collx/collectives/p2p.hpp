@@ -17,7 +17,7 @@ call_info p2p_call(communicator<T>& comm, std::size_t count, int peer, const cha
   c.sig.elem_size = std::uint32_t(sizeof(E));
   c.rank = comm.rank();
   c.timeout = comm.opts().timeout;
-  require(peer >= 0 && peer < comm.size() && peer != comm.rank(), c,
+  COLLX_REQUIRE(peer >= 0 && peer < comm.size() && peer != comm.rank(), c,
           std::string(what) + ": peer " + std::to_string(peer) + " is not another rank of [0, " +
               std::to_string(comm.size()) + ")");
   return c;

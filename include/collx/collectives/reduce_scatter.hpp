@@ -14,8 +14,13 @@ void reduce_scatter_blocks(communicator<T>& comm, const call_info& call, const E
   static_assert(requires(const algo::rs_problem& p) { a.reduce_scatter(p); },
                 "collx: this policy has no reduce_scatter schedule (ring, tree and recursive_halving have one)");
   const algo::rs_problem p{comm.rank(), comm.size(), blocks, src, work, sizeof(E), is_commutative_v<Op>};
-  schedule s = a.reduce_scatter(p);
-  s.finalize(p.result());
+  const schedule& s = cached<Algo, algo::rs_problem>(
+      comm, a, {rank_and_size(p.rank, p.size), blocks.total, std::uint64_t(src), std::uint64_t(work), sizeof(E), p.commutative},
+      [&] {
+        schedule x = a.reduce_scatter(p);
+        x.finalize(p.result());
+        return x;
+      });
   execute(comm, call, s, in, out, op);
 }
 }  // namespace detail
@@ -28,11 +33,11 @@ void reduce_scatter(communicator<T>& comm, std::span<const std::type_identity_t<
   static_assert(detail::check_reducing<E, Op, Algo>());
   auto call = detail::make_call<E, Op>(comm, "reduce_scatter", Algo::name, out.size());
   const auto n = std::size_t(comm.size());
-  detail::require(in.size() == n * out.size(), call,
+  COLLX_REQUIRE(in.size() == n * out.size(), call,
                   "the input has " + detail::n_elems(in.size()) + " but must have size x output = " +
                       std::to_string(n) + " x " + std::to_string(out.size()));
-  detail::require(!detail::partially_overlap(in, out), call, "the input and output overlap");
-  detail::with_policy<Op>(a, algo::collective::reduce_scatter, comm.size(), in.size_bytes(), call, [&](const auto& pol) {
+  COLLX_REQUIRE(!detail::partially_overlap(in, out), call, "the input and output overlap");
+  detail::with_policy<Op, algo::collective::reduce_scatter>(a, comm.size(), in.size_bytes(), call, [&](const auto& pol) {
     detail::reduce_scatter_blocks(comm, call, in.data(), out.data(), partition(in.size(), comm.size()), buf::in,
                                   buf::none, op, pol);
   });

@@ -119,6 +119,7 @@ class shm {
     ss.assign(sends.size(), {});
     rs.assign(recvs.size(), {});
     std::size_t pending = sends.size() + recvs.size();
+    const std::uint64_t my_hash = signature_hash(call.sig);
 
     // Messages to (or from) one peer share a channel, so they must go in order: only the first
     // unfinished one per peer may move. A receive that reduces into what an earlier receive of
@@ -142,14 +143,18 @@ class shm {
         channel_ctl& c = ctl(rank_, d.peer);
         while (!st.done && first_to(sends, ss, i)) {
           const std::uint32_t posted = c.posted.load(std::memory_order_relaxed);
-          if (posted - c.consumed.load(std::memory_order_acquire) >= kSlots) break;
+          if (!has_room(c, posted)) break;
           const std::size_t nb = std::min(chunk, d.bytes - st.off);
-          slot_header& h = c.hdr[posted % kSlots];
-          h.total = d.bytes;
-          h.chunk = nb;
-          h.sig = call.sig;
-          if (nb != 0) std::memcpy(slot(rank_, d.peer, posted % kSlots), d.data + st.off, nb);
-          c.posted.store(posted + 1, std::memory_order_release);
+          const std::uint32_t k = posted % kSlots;
+          slot_line& l = c.line[k];
+          l.total = d.bytes;
+          l.chunk = std::uint32_t(nb);
+          l.sig_hash = my_hash;
+          c.sig[k] = call.sig;  // read by the receiver only to report a mismatch
+          if (nb <= sizeof l.inline_data) std::memcpy(l.inline_data, d.data + st.off, nb);
+          else std::memcpy(slot(rank_, d.peer, k), d.data + st.off, nb);
+          l.seq.store(posted + 1, std::memory_order_release);
+          c.posted.store(posted + 1, std::memory_order_relaxed);
           ring(d.peer);
           st.off += nb;
           st.started = moved = true;
@@ -162,14 +167,16 @@ class shm {
         channel_ctl& c = ctl(d.peer, rank_);
         while (!st.done && first_to(recvs, rs, i)) {
           const std::uint32_t consumed = c.consumed.load(std::memory_order_relaxed);
-          if (c.posted.load(std::memory_order_acquire) == consumed) break;
-          const slot_header& h = c.hdr[consumed % kSlots];
-          if (!st.started) call.check_match(d.peer, h.sig, std::size_t(h.total), d.bytes);
-          const std::size_t nb = std::size_t(h.chunk);
+          const std::uint32_t k = consumed % kSlots;
+          const slot_line& l = c.line[k];
+          if (l.seq.load(std::memory_order_acquire) != consumed + 1) break;
+          if (!st.started && (l.sig_hash != my_hash || l.total != d.bytes))
+            call.check_match(d.peer, c.sig[k], std::size_t(l.total), d.bytes);
+          const std::size_t nb = std::size_t(l.chunk);
           if (nb > d.bytes - st.off || nb % elem != 0 || (nb == 0 && d.bytes != 0))
             call.fail(errc::mismatch, "got a chunk of " + std::to_string(nb) + " B from rank " + std::to_string(d.peer) +
                                           " where " + std::to_string(d.bytes - st.off) + " B remained");
-          const std::byte* src = slot(d.peer, rank_, consumed % kSlots);
+          const std::byte* src = nb <= sizeof l.inline_data ? l.inline_data : slot(d.peer, rank_, k);
           if (nb != 0) {
             if (d.how == combine::copy) std::memcpy(d.dst + st.off, src, nb);
             else if (d.how == combine::received_left) ctx.comb(d.dst + st.off, src, d.with + st.off, nb / elem);
@@ -188,13 +195,14 @@ class shm {
     auto ready = [&] {
       for (std::size_t i = 0; i < sends.size(); ++i) {
         if (ss[i].done || !first_to(sends, ss, i)) continue;
-        const channel_ctl& c = ctl(rank_, sends[i].peer);
-        if (c.posted.load(std::memory_order_relaxed) - c.consumed.load(std::memory_order_acquire) < kSlots) return true;
+        channel_ctl& c = ctl(rank_, sends[i].peer);
+        if (has_room(c, c.posted.load(std::memory_order_relaxed))) return true;
       }
       for (std::size_t i = 0; i < recvs.size(); ++i) {
         if (rs[i].done || !first_to(recvs, rs, i)) continue;
         const channel_ctl& c = ctl(recvs[i].peer, rank_);
-        if (c.posted.load(std::memory_order_acquire) != c.consumed.load(std::memory_order_relaxed)) return true;
+        const std::uint32_t consumed = c.consumed.load(std::memory_order_relaxed);
+        if (c.line[consumed % kSlots].seq.load(std::memory_order_acquire) == consumed + 1) return true;
       }
       return false;
     };
@@ -272,16 +280,38 @@ class shm {
     std::int32_t pid;
     char why[512];
   };
-  struct slot_header {
-    std::uint64_t total;  // the message's bytes
-    std::uint64_t chunk;  // this chunk's bytes
-    call_signature sig;
+  /// One cache line per slot: the receiver polls `seq` and finds the header and, for messages
+  /// of up to 40 bytes, the data in the same line, so a small message costs one line transfer.
+  struct alignas(64) slot_line {
+    std::atomic<std::uint32_t> seq;  // chunk number + 1 once the chunk is readable
+    std::uint32_t chunk;             // this chunk's bytes
+    std::uint64_t total;             // the message's bytes
+    std::uint64_t sig_hash;          // hash of the sender's call_signature
+    std::byte inline_data[40];
   };
   struct alignas(64) channel_ctl {
-    std::atomic<std::uint32_t> posted;
-    alignas(64) std::atomic<std::uint32_t> consumed;
-    alignas(64) slot_header hdr[kSlots];
+    std::atomic<std::uint32_t> posted;  // chunks posted; only the sender touches it
+    std::uint32_t consumed_seen;        // the sender's last view of `consumed`
+    alignas(64) std::atomic<std::uint32_t> consumed;  // chunks consumed; written by the receiver
+    alignas(64) slot_line line[kSlots];
+    call_signature sig[kSlots];  // the sender's full signature, for mismatch messages
   };
+
+  /// Room for one more chunk? The sender re-reads the receiver's `consumed` (a line the receiver
+  /// owns) only when its cached view says the ring is full.
+  static bool has_room(channel_ctl& c, std::uint32_t posted) {
+    if (posted - c.consumed_seen < kSlots) return true;
+    c.consumed_seen = c.consumed.load(std::memory_order_acquire);
+    return posted - c.consumed_seen < kSlots;
+  }
+
+  static std::uint64_t signature_hash(const call_signature& g) {
+    std::uint64_t h = detail::fnv1a(std::string_view(g.collective, strnlen(g.collective, sizeof g.collective)));
+    h = (h ^ detail::fnv1a(std::string_view(g.policy, strnlen(g.policy, sizeof g.policy)))) * 1099511628211ull;
+    for (std::uint64_t x : {g.seq, g.count, g.op_hash, std::uint64_t(g.elem_size), std::uint64_t(std::uint32_t(g.root))})
+      h = (h ^ x) * 1099511628211ull;
+    return h;
+  }
 
   static constexpr std::size_t align_up(std::size_t x) { return (x + 4095) / 4096 * 4096; }
   std::size_t ranks_off() const { return align_up(sizeof(header)); }

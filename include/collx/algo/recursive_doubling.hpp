@@ -1,0 +1,81 @@
+#pragma once
+// algo::recursive_doubling — the latency-optimal all-reduce, for small messages.
+//
+// Every rank exchanges its whole running sum with rank ^ 1, then rank ^ 2, rank ^ 4, ...,
+// combining what it receives: after log2 N steps every rank holds the full reduction. No
+// reduce-scatter, no all-gather: each step moves all D bytes, so
+//   steps log2 N; bytes sent and reduced per rank log2 N · D;
+//   T = log2 N · (α + D·β + D·γ),
+// against 2·log2 N·α + 2(N-1)/N·D·β for recursive halving: half the latency, log2 N / 2 times
+// the bytes. It wins while α dominates, which is why algo::automatic takes it for small
+// all-reduces (algo/tuning.hpp) — the choice MPICH and Open MPI make for short vectors too.
+//
+// Other N fold as in recursive_halving.hpp: the first 2(N - p) ranks pair up before (even
+// gives to odd) and after (odd gives back), two extra steps. Partners always hold adjacent rank
+// ranges, the lower on the left, so a non-commutative op gets the rank-ordered result.
+#include "../concepts.hpp"
+#include "problem.hpp"
+#include "recursive_halving.hpp"
+
+namespace collx::algo {
+
+struct recursive_doubling {
+  using algorithm_policy_concept = algorithm_policy_tag;
+  static constexpr const char* name = "recursive_doubling";
+  static constexpr bool keeps_rank_order = true;
+
+  schedule all_reduce(const ar_problem& p) const {
+    schedule s;
+    const int n = p.size, me = p.rank;
+    const region src{p.src, 0, p.count}, out{buf::out, 0, p.count};
+    if (n == 1) {
+      s.copy(out, src);
+      return s;
+    }
+    const fold f(n);
+    const int steps = ceil_log2(f.p);
+    s.need_tmp(2 * p.count);
+    const region a{buf::tmp, 0, p.count}, b{buf::tmp, p.count, p.count};
+    // The buffer each step writes: scratch, alternating, and the output on the last step unless
+    // the running sum is already there (in place: then scratch, and a copy at the end).
+    region cur = src;
+    auto next = [&](bool last) {
+      if (last && !(cur == out)) return out;
+      return cur == a ? b : a;
+    };
+    int t = 0;
+    if (f.r > 0) {
+      if (me < 2 * f.r) {
+        s.at(0);
+        if (me % 2 == 0) s.send(me + 1, src);
+        else {
+          const region d = next(steps == 0);
+          s.recv(me - 1, d, src, combine::received_left);
+          cur = d;
+        }
+      }
+      t = 1;
+    }
+    const int w = f.virt(me);
+    const int t_end = t + steps;
+    if (w < 0) {  // folded away: the odd neighbour hands back the result
+      s.at(t_end);
+      s.recv(me + 1, out);
+      return s;
+    }
+    for (int d = 1, k = 1; d < f.p; d *= 2, ++k, ++t) {
+      const int pw = w ^ d;
+      const region dst = next(k == steps);
+      s.at(t);
+      s.send(f.acting(pw), cur);
+      s.recv(f.acting(pw), dst, cur, pw < w ? combine::received_left : combine::received_right);
+      cur = dst;
+    }
+    s.at(t_end);  // copies run before the step's transfers
+    s.copy(out, cur);
+    if (me < 2 * f.r) s.send(me - 1, out);
+    return s;
+  }
+};
+
+}  // namespace collx::algo
