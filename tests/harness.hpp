@@ -21,6 +21,15 @@ struct processes {
   template <class F>
   void operator()(int n, F&& f) const { collx::launch_processes(n, std::forward<F>(f)); }
 };
+/// Processes whose data-moving messages of 1 KiB and more go single copy (process_vm_readv).
+struct processes_single_copy {
+  template <class F>
+  void operator()(int n, F&& f) const {
+    collx::transport::shm::config cfg;
+    cfg.single_copy_bytes = 1024;
+    collx::launch_processes(n, std::forward<F>(f), collx::options{}, cfg);
+  }
+};
 
 /// Runs body(comm, note) on n ranks started by L. note(s) records this rank's first problem; a
 /// rank with a problem fails at the end of its body (processes report it through

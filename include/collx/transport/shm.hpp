@@ -22,6 +22,7 @@
 // exists only as the ranks' mappings, which the kernel drops when the last one exits, however it
 // exits. Nothing of a job is left in /dev/shm after it, a crash included.
 #include <fcntl.h>
+#include <sys/uio.h>
 #include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -53,6 +54,25 @@ struct shm_config {
   std::size_t slot_bytes = std::size_t(64) << 10;
   /// How long to wait for every rank to attach.
   std::chrono::nanoseconds attach_timeout = detail::default_timeout();
+  /// Messages of data-moving collectives (all-gather, broadcast, all-to-all, gather, scatter)
+  /// of at least this many bytes go single copy: the receiver reads them straight out of the
+  /// sender's buffer with process_vm_readv (cross-memory attach) instead of through the channel.
+  /// ~0 turns single copy off. Measured, 2 processes on 2 cores,
+  /// `COLLX_SHM_SINGLE_COPY_BYTES=<t> collx-perf --transport shm -np 2 -b 64K -e 16M -f 4 -n 200`:
+  /// all_gather at 4 MiB 5.66 GB/s single copy vs 4.41 through the channel, at 16 MiB 5.37 vs
+  /// 4.25; at 256 KiB 5.92 vs 7.05 (the syscall and page pinning cost more than the saved copy);
+  /// broadcast's 256 KiB pipeline chunks lose too (9.7 vs 12.1 GB/s at 16 MiB), and so do
+  /// reductions (all_reduce 16 MiB: 3.3 vs 5.6 GB/s). Hence 4 MiB, and only for copies.
+  std::size_t single_copy_bytes = default_single_copy_bytes();
+
+  /// COLLX_SHM_SINGLE_COPY_BYTES overrides the default (0: never).
+  static std::size_t default_single_copy_bytes() {
+    if (const char* e = std::getenv("COLLX_SHM_SINGLE_COPY_BYTES"); e != nullptr && *e != 0) {
+      const unsigned long long v = std::strtoull(e, nullptr, 10);
+      return v == 0 ? ~std::size_t(0) : std::size_t(v);
+    }
+    return std::size_t(4) << 20;
+  }
 };
 
 class shm {
@@ -94,7 +114,7 @@ class shm {
     if (this != &o) {
       release();
       rank_ = o.rank_; n_ = o.n_; cfg_ = o.cfg_; name_ = std::move(o.name_);
-      base_ = o.base_; bytes_ = o.bytes_; left_ = o.left_;
+      base_ = o.base_; bytes_ = o.bytes_; left_ = o.left_; cma_ = o.cma_;
       o.base_ = nullptr; o.bytes_ = 0; o.left_ = true;
     }
     return *this;
@@ -106,6 +126,8 @@ class shm {
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return n_; }
   const std::string& segment() const noexcept { return name_; }
+  /// Whether single-copy receives (process_vm_readv) work between every pair of ranks here.
+  bool single_copy() const noexcept { return cma_; }
 
   void exchange(std::span<const send_desc> sends, std::span<const recv_desc> recvs, const exchange_context& ctx) {
     const call_info& call = *ctx.call;
@@ -120,6 +142,10 @@ class shm {
     rs.assign(recvs.size(), {});
     std::size_t pending = sends.size() + recvs.size();
     const std::uint64_t my_hash = signature_hash(call.sig);
+    // Single copy only for collectives that move data without reducing it: a receiver that
+    // reduces would do the kernel's copy and the reduction alone, while through the channel the
+    // sender's copy and the receiver's reduction overlap (see single_copy_bytes).
+    const bool single_copy = cma_ && ctx.comb.fn == nullptr;
 
     // Messages to (or from) one peer share a channel, so they must go in order: only the first
     // unfinished one per peer may move. A receive that reduces into what an earlier receive of
@@ -141,6 +167,33 @@ class shm {
         op_state& st = ss[i];
         const send_desc& d = sends[i];
         channel_ctl& c = ctl(rank_, d.peer);
+        if (st.done) continue;
+        if (st.ack_at != 0) {  // single copy: done when the receiver has read it
+          if (std::int32_t(c.consumed.load(std::memory_order_acquire) - st.ack_at) >= 0) {
+            st.done = true;
+            --pending;
+            moved = true;
+          }
+          continue;
+        }
+        if (!st.done && single_copy && d.bytes >= cfg_.single_copy_bytes && first_to(sends, ss, i)) {
+          const std::uint32_t posted = c.posted.load(std::memory_order_relaxed);
+          if (!has_room(c, posted)) continue;
+          const std::uint32_t k = posted % kSlots;
+          slot_line& l = c.line[k];
+          l.total = d.bytes;
+          l.chunk = kRemote;
+          l.sig_hash = my_hash;
+          c.sig[k] = call.sig;
+          const std::uint64_t addr = reinterpret_cast<std::uintptr_t>(d.data);
+          std::memcpy(l.inline_data, &addr, sizeof addr);
+          l.seq.store(posted + 1, std::memory_order_release);
+          c.posted.store(posted + 1, std::memory_order_relaxed);
+          ring(d.peer);
+          st.ack_at = posted + 1;
+          st.started = moved = true;
+          continue;
+        }
         while (!st.done && first_to(sends, ss, i)) {
           const std::uint32_t posted = c.posted.load(std::memory_order_relaxed);
           if (!has_room(c, posted)) break;
@@ -172,6 +225,30 @@ class shm {
           if (l.seq.load(std::memory_order_acquire) != consumed + 1) break;
           if (!st.started && (l.sig_hash != my_hash || l.total != d.bytes))
             call.check_match(d.peer, c.sig[k], std::size_t(l.total), d.bytes);
+          if (l.chunk == kRemote) {  // single copy: read the whole message from the sender
+            std::uint64_t addr = 0;
+            std::memcpy(&addr, l.inline_data, sizeof addr);
+            // `reading` tells a sender that fails now to wait before it unwinds (and perhaps
+            // frees the buffer); a sender that has already failed is not read at all.
+            c.reading.store(1, std::memory_order_seq_cst);
+            if (rc(d.peer).state.load(std::memory_order_seq_cst) == kFailed) {
+              c.reading.store(0, std::memory_order_seq_cst);
+              report_gone(d.peer, call);
+            }
+            try {
+              read_remote(d, addr, call, ctx.comb, elem);
+            } catch (...) {
+              c.reading.store(0, std::memory_order_seq_cst);
+              throw;
+            }
+            c.reading.store(0, std::memory_order_seq_cst);
+            c.consumed.store(consumed + 1, std::memory_order_release);
+            ring(d.peer);
+            st.off = d.bytes;
+            st.started = moved = st.done = true;
+            --pending;
+            break;
+          }
           const std::size_t nb = std::size_t(l.chunk);
           if (nb > d.bytes - st.off || nb % elem != 0 || (nb == 0 && d.bytes != 0))
             call.fail(errc::mismatch, "got a chunk of " + std::to_string(nb) + " B from rank " + std::to_string(d.peer) +
@@ -196,6 +273,10 @@ class shm {
       for (std::size_t i = 0; i < sends.size(); ++i) {
         if (ss[i].done || !first_to(sends, ss, i)) continue;
         channel_ctl& c = ctl(rank_, sends[i].peer);
+        if (ss[i].ack_at != 0) {
+          if (std::int32_t(c.consumed.load(std::memory_order_acquire) - ss[i].ack_at) >= 0) return true;
+          continue;
+        }
         if (has_room(c, c.posted.load(std::memory_order_relaxed))) return true;
       }
       for (std::size_t i = 0; i < recvs.size(); ++i) {
@@ -243,6 +324,9 @@ class shm {
     std::int32_t none = -1;
     hdr().first_failed.compare_exchange_strong(none, rank_);
     for (int q = 0; q < n_; ++q) rc(q).doorbell.wake(true);
+    // A peer in the middle of reading this rank's buffer finishes before the buffer can go.
+    for (int q = 0; q < n_; ++q)
+      while (ctl(rank_, q).reading.load(std::memory_order_seq_cst) != 0) detail::cpu_relax();
   }
 
   /// Leaves the job normally: peers still waiting for this rank are told it left.
@@ -260,6 +344,7 @@ class shm {
   struct op_state {
     std::size_t off = 0;
     bool started = false, done = false;
+    std::uint32_t ack_at = 0;  // single copy: the `consumed` count that acknowledges it
   };
   static constexpr std::uint64_t kMagic = 0x636f6c6c782d7368ull;  // "collx-sh"
   static constexpr std::uint32_t kLive = 1, kLeft = 2, kFailed = 3;
@@ -272,12 +357,15 @@ class shm {
     std::atomic<std::uint32_t> attached;
     std::atomic<std::uint32_t> unlinked;
     std::atomic<std::int32_t> first_failed;
+    std::atomic<std::uint32_t> probed;       // ranks that have tried reading their peers' memory
+    std::atomic<std::uint32_t> cma_failed;   // 1 if any rank could not
   };
   struct alignas(64) rank_ctl {
     detail::waitable doorbell;
     alignas(64) pthread_mutex_t alive;
     std::atomic<std::uint32_t> state;
     std::int32_t pid;
+    std::uint64_t base;  // where this rank mapped the segment: the single-copy probe reads it
     char why[512];
   };
   /// One cache line per slot: the receiver polls `seq` and finds the header and, for messages
@@ -292,6 +380,7 @@ class shm {
   struct alignas(64) channel_ctl {
     std::atomic<std::uint32_t> posted;  // chunks posted; only the sender touches it
     std::uint32_t consumed_seen;        // the sender's last view of `consumed`
+    std::atomic<std::uint32_t> reading; // 1 while the receiver reads the sender's buffer (single copy)
     alignas(64) std::atomic<std::uint32_t> consumed;  // chunks consumed; written by the receiver
     alignas(64) slot_line line[kSlots];
     call_signature sig[kSlots];  // the sender's full signature, for mismatch messages
@@ -410,6 +499,7 @@ class shm {
     const int lr = pthread_mutex_lock(&m.alive);
     if (lr == EOWNERDEAD) pthread_mutex_consistent(&m.alive);
     m.pid = std::int32_t(getpid());
+    m.base = reinterpret_cast<std::uintptr_t>(base_);
     m.state.store(kLive);
     left_ = false;
     hdr().attached.fetch_add(1, std::memory_order_seq_cst);
@@ -430,7 +520,60 @@ class shm {
     }
     std::uint32_t zero = 0;
     if (hdr().unlinked.compare_exchange_strong(zero, 1)) shm_unlink(name_.c_str());
+    probe_single_copy(deadline);
   }
+
+  /// Single copy needs process_vm_readv on every peer (same user; no seccomp or Yama rule
+  /// against it). Every rank tries to read each peer's segment header through it; all ranks
+  /// then agree: single copy is used only if every probe worked.
+  void probe_single_copy(std::chrono::steady_clock::time_point deadline) {
+    bool ok = cfg_.single_copy_bytes != ~std::size_t(0);
+    for (int q = 0; q < n_ && ok; ++q) {
+      if (q == rank_) continue;
+      std::uint64_t magic = 0;
+      iovec local{&magic, sizeof magic}, remote{reinterpret_cast<void*>(rc(q).base), sizeof magic};
+      ok = process_vm_readv(rc(q).pid, &local, 1, &remote, 1, 0) == ssize_t(sizeof magic) && magic == kMagic;
+    }
+    if (!ok) hdr().cma_failed.store(1, std::memory_order_seq_cst);
+    hdr().probed.fetch_add(1, std::memory_order_seq_cst);
+    while (hdr().probed.load(std::memory_order_seq_cst) < std::uint32_t(n_) && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::yield();
+    cma_ = hdr().probed.load() == std::uint32_t(n_) && hdr().cma_failed.load() == 0;
+  }
+
+  /// Receives a single-copy message: reads it from the sender's memory, straight into the
+  /// destination when it is a copy, through a cache-sized bounce buffer when it reduces.
+  void read_remote(const recv_desc& d, std::uint64_t addr, const call_info& call, const combiner& comb, std::size_t elem) {
+    const pid_t pid = rc(d.peer).pid;
+    auto read = [&](std::byte* to, std::uint64_t from, std::size_t n) {
+      std::size_t got = 0;
+      while (got < n) {
+        iovec local{to + got, n - got}, remote{reinterpret_cast<void*>(from + got), n - got};
+        const ssize_t k = process_vm_readv(pid, &local, 1, &remote, 1, 0);
+        if (k <= 0) {
+          if (k < 0 && errno == EINTR) continue;
+          if (peer_gone(d.peer, call)) report_gone(d.peer, call);
+          call.fail(errc::transport_error, "could not read rank " + std::to_string(d.peer) +
+                                               "'s buffer (process_vm_readv): " + std::strerror(errno));
+        }
+        got += std::size_t(k);
+      }
+    };
+    if (d.how == combine::copy) {
+      read(d.dst, addr, d.bytes);
+      return;
+    }
+    const std::size_t piece = std::max(elem, kBounceBytes / elem * elem);
+    if (bounce_.size() < piece) bounce_.resize(piece);
+    for (std::size_t off = 0; off < d.bytes; off += piece) {
+      const std::size_t nb = std::min(piece, d.bytes - off);
+      read(bounce_.data(), addr + off, nb);
+      if (d.how == combine::received_left) comb(d.dst + off, bounce_.data(), d.with + off, nb / elem);
+      else comb(d.dst + off, d.with + off, bounce_.data(), nb / elem);
+    }
+  }
+  /// Bounce buffer of single-copy receives that reduce: small enough to stay in L2.
+  static constexpr std::size_t kBounceBytes = std::size_t(256) << 10;
 
   void release() noexcept {
     if (base_ == nullptr) return;
@@ -491,6 +634,9 @@ class shm {
   bool left_ = true;
   // exchange()'s progress per operation, reused across calls
   std::vector<op_state> send_state_, recv_state_;
+  bool cma_ = false;                 // every rank can read every peer's memory
+  std::vector<std::byte> bounce_;    // single-copy receives that reduce: read here, then combine
+  static constexpr std::uint32_t kRemote = 0xffffffffu;  // slot_line::chunk of a single-copy message
 };
 
 }  // namespace collx::transport
