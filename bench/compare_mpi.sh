@@ -35,7 +35,8 @@
 # default here (btl_vader_single_copy_mechanism = cma; check with
 # `ompi_info --param btl vader --level 9`), i.e. large messages are one kernel copy from the
 # sender's buffer, while collx's shm transport copies through shared segments.
-# --oversubscribe (4 ranks on 2 cores), --bind-to none (collx-perf's ranks are not bound either).
+# --oversubscribe (4 ranks on 2 cores), --bind-to core when the ranks fit the cores, else none
+# (collx's launch_processes binds the same way).
 # As root, mpirun needs OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 (set below).
 set -euo pipefail
 
@@ -83,7 +84,7 @@ if [[ ! -x $mpi || $src -nt $mpi ]]; then
 fi
 command -v mpirun >/dev/null || { echo "compare_mpi.sh: mpirun not found (Debian: openmpi-bin)" >&2; exit 2; }
 if [[ $(id -u) -eq 0 ]]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
-mpirun_flags=(--oversubscribe --bind-to none --mca pml ob1 --mca btl vader,self)
+mpirun_flags=(--oversubscribe --mca pml ob1 --mca btl vader,self)
 
 to_bytes() {  # 8, 64K, 32M, 1G -> bytes
   local s=$1 n mul=1
@@ -146,7 +147,10 @@ run_one() {
     [[ $coll == all_reduce ]] && algo=all
     cmd=("$collx" --transport shm -np "$n" --algo "$algo" "${common[@]}")
   else
-    cmd=(mpirun -np "$n" "${mpirun_flags[@]}" "$mpi" "${common[@]}")
+    # One rank per core when they fit (mpirun's default, and what launch_processes does), else none.
+    bind=none
+    ((n <= $(nproc))) && bind=core
+    cmd=(mpirun -np "$n" --bind-to "$bind" "${mpirun_flags[@]}" "$mpi" "${common[@]}")
   fi
   local t0=$SECONDS
   timeout -k 10 "$TIMEOUT" "${cmd[@]}" >"$log" 2>&1 || rc=$?

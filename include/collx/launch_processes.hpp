@@ -4,6 +4,7 @@
 // collx::errc and message travel back through a pipe), a non-zero exit, or a signal. Throws
 // collx::error when any rank failed, naming each. Meant for tests, examples and benchmarks; a
 // real job is started by its launcher (mpirun, srun, torchrun) and uses shm::from_env().
+#include <sched.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -44,6 +45,15 @@ void launch_processes(int n, F&& f, options opts = {}, transport::shm::config cf
   using transport_t = Decorator<transport::shm>;
   if (n < 1) throw error(errc::invalid_argument, "launch_processes: the rank count must be at least 1, got " + std::to_string(n));
   const std::string job = detail::unique_job_name();
+  // One rank per core when they fit, as mpirun binds by default: ranks that wait for each other
+  // then never share a core while another one idles (fresh processes start on their parent's core).
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof allowed, &allowed) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+  const bool pin = !cpus.empty() && n <= int(cpus.size());
   std::vector<pid_t> pids(std::size_t(n), -1);
   std::vector<int> fds(std::size_t(n), -1);
   std::fflush(nullptr);  // children must not flush the parent's buffered output again
@@ -60,6 +70,12 @@ void launch_processes(int n, F&& f, options opts = {}, transport::shm::config cf
     }
     if (pid == 0) {  // the child: one rank
       close(p[0]);
+      if (pin) {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(cpus[std::size_t(r)], &one);
+        sched_setaffinity(0, sizeof one, &one);
+      }
       for (int q = 0; q < r; ++q) close(fds[std::size_t(q)]);
       int code = 0;
       try {

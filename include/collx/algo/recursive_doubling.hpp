@@ -33,46 +33,14 @@ struct recursive_doubling {
       return s;
     }
     const fold f(n);
-    const int steps = ceil_log2(f.p);
     s.need_tmp(2 * p.count);
-    const region a{buf::tmp, 0, p.count}, b{buf::tmp, p.count, p.count};
-    // The buffer each step writes: scratch, alternating, and the output on the last step unless
-    // the running sum is already there (in place: then scratch, and a copy at the end).
-    region cur = src;
-    auto next = [&](bool last) {
-      if (last && !(cur == out)) return out;
-      return cur == a ? b : a;
-    };
-    int t = 0;
-    if (f.r > 0) {
-      if (me < 2 * f.r) {
-        s.at(0);
-        if (me % 2 == 0) s.send(me + 1, src);
-        else {
-          const region d = next(steps == 0);
-          s.recv(me - 1, d, src, combine::received_left);
-          cur = d;
-        }
-      }
-      t = 1;
-    }
-    const int w = f.virt(me);
-    const int t_end = t + steps;
-    if (w < 0) {  // folded away: the odd neighbour hands back the result
-      s.at(t_end);
+    const auto [sum, t_end] = doubling(s, f, me, src, {buf::tmp, 0, p.count}, {buf::tmp, p.count, p.count}, out);
+    s.at(t_end);
+    if (f.virt(me) < 0) {  // folded away: the odd neighbour hands back the result
       s.recv(me + 1, out);
       return s;
     }
-    for (int d = 1, k = 1; d < f.p; d *= 2, ++k, ++t) {
-      const int pw = w ^ d;
-      const region dst = next(k == steps);
-      s.at(t);
-      s.send(f.acting(pw), cur);
-      s.recv(f.acting(pw), dst, cur, pw < w ? combine::received_left : combine::received_right);
-      cur = dst;
-    }
-    s.at(t_end);  // copies run before the step's transfers
-    s.copy(out, cur);
+    s.copy(out, sum);  // in place, the last sum is in scratch; copies run before the step's transfers
     if (me < 2 * f.r) s.send(me - 1, out);
     return s;
   }

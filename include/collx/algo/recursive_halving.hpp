@@ -44,6 +44,51 @@ struct fold {
   int first(int w) const { return w < r ? 2 * w : w + r; }
 };
 
+struct doubling_result {
+  region sum;  // where this rank's full reduction is (ranks that were not folded away)
+  int t_end;   // the step after the last exchange
+};
+
+/// Recursive doubling on whole vectors over the folded ranks, shared by recursive_doubling's
+/// all-reduce and recursive_halving's rank-ordered reduce-scatter. The even rank of each folded
+/// pair first hands its vector to the odd one; then partners at distance 1, 2, 4, ... exchange
+/// their running sums, the lower-ranked on the left. Sums alternate between scratch regions a
+/// and b (a partner reads the one being sent); the last exchange writes `last` instead, when
+/// given and not the region being sent.
+inline doubling_result doubling(schedule& s, const fold& f, int me, region src, region a, region b, region last) {
+  const int steps = ceil_log2(f.p);
+  region cur = src;
+  auto next = [&](bool is_last) {
+    if (is_last && last.b != buf::none && !(cur == last)) return last;
+    return cur == a ? b : a;
+  };
+  int t = 0;
+  if (f.r > 0) {
+    if (me < 2 * f.r) {
+      s.at(0);
+      if (me % 2 == 0) s.send(me + 1, src);
+      else {
+        const region d = next(steps == 0);
+        s.recv(me - 1, d, src, combine::received_left);
+        cur = d;
+      }
+    }
+    t = 1;
+  }
+  const int t_end = t + steps;
+  const int w = f.virt(me);
+  if (w >= 0)
+    for (int d = 1, k = 1; d < f.p; d *= 2, ++k, ++t) {
+      const int pw = w ^ d;
+      const region dst = next(k == steps);
+      s.at(t);
+      s.send(f.acting(pw), cur);
+      s.recv(f.acting(pw), dst, cur, pw < w ? combine::received_left : combine::received_right);
+      cur = dst;
+    }
+  return {cur, t_end};
+}
+
 struct recursive_halving {
   using algorithm_policy_concept = algorithm_policy_tag;
   static constexpr const char* name = "recursive_halving";
@@ -156,42 +201,19 @@ struct recursive_halving {
 
   // A non-commutative op: halving would combine rank r with rank r + N/2 first, which breaks
   // rank order. Recursive doubling on whole vectors keeps it (partners at distance 1, 2, 4, ...
-  // hold adjacent ranges), at log2 p·D bytes instead of (N-1)/N·D: the price of order. Two
-  // scratch vectors alternate, because a partner reads the one being sent.
+  // hold adjacent ranges), at log2 p·D bytes instead of (N-1)/N·D: the price of order.
   static int reduce_scatter_ordered(schedule& s, const rs_problem& p, const fold& f) {
     const int me = p.rank;
     const std::size_t total = p.blocks.total;
     s.need_tmp(2 * total);
-    const region a{buf::tmp, 0, total}, b{buf::tmp, total, total};
-    region cur{p.src, 0, total};
-    int t = 0;
-    if (f.r > 0) {
-      if (me < 2 * f.r) {
-        s.at(0);
-        if (me % 2 == 0) s.send(me + 1, cur);
-        else {
-          s.recv(me - 1, a, cur, combine::received_left);
-          cur = a;
-        }
-      }
-      t = 1;
-    }
-    const int w = f.virt(me);
-    const int t_end = t + ceil_log2(f.p);
-    if (w < 0) {
+    const auto [sum, t_end] =
+        doubling(s, f, me, {p.src, 0, total}, {buf::tmp, 0, total}, {buf::tmp, total, total}, region{});
+    if (f.virt(me) < 0) {  // folded away: the odd neighbour hands over this rank's block
       s.at(t_end);
       s.recv(me + 1, p.result());
       return t_end + 1;
     }
-    for (int d = 1; d < f.p; d *= 2, ++t) {
-      const int pw = w ^ d;
-      const region next = cur == a ? b : a;
-      s.at(t);
-      s.send(f.acting(pw), cur);
-      s.recv(f.acting(pw), next, cur, pw < w ? combine::received_left : combine::received_right);
-      cur = next;
-    }
-    auto block_of = [&](int i) { return cur.sub(p.blocks.offset(i), p.blocks.count(i)); };
+    auto block_of = [&](int i) { return sum.sub(p.blocks.offset(i), p.blocks.count(i)); };
     s.at(t_end);  // a step's copies run before its transfers: this one after the last exchange
     if (me < 2 * f.r) s.send(me - 1, block_of(me - 1));
     s.copy(p.result(), block_of(me));

@@ -57,12 +57,16 @@ struct shm_config {
   /// Messages of data-moving collectives (all-gather, broadcast, all-to-all, gather, scatter)
   /// of at least this many bytes go single copy: the receiver reads them straight out of the
   /// sender's buffer with process_vm_readv (cross-memory attach) instead of through the channel.
-  /// ~0 turns single copy off. Measured, 2 processes on 2 cores,
-  /// `COLLX_SHM_SINGLE_COPY_BYTES=<t> collx-perf --transport shm -np 2 -b 64K -e 16M -f 4 -n 200`:
-  /// all_gather at 4 MiB 5.66 GB/s single copy vs 4.41 through the channel, at 16 MiB 5.37 vs
-  /// 4.25; at 256 KiB 5.92 vs 7.05 (the syscall and page pinning cost more than the saved copy);
-  /// broadcast's 256 KiB pipeline chunks lose too (9.7 vs 12.1 GB/s at 16 MiB), and so do
-  /// reductions (all_reduce 16 MiB: 3.3 vs 5.6 GB/s). Hence 4 MiB, and only for copies.
+  /// ~0 turns single copy off. Measured with ranks pinned one per core, 2 processes,
+  /// `COLLX_SHM_SINGLE_COPY_BYTES=<t> collx-perf --transport shm -np 2 -b 8 -e 16M -f 4 -n 200`
+  /// (busbw, single copy vs channel): all_to_all 512 KiB 13.1 vs 7.2 GB/s, 2 MiB 6.2 vs 4.4,
+  /// 8 MiB 5.8 vs 4.2; all_gather 2 MiB 5.6 vs 4.8, 8 MiB 5.6 vs 4.1; below 128 KiB the system
+  /// call and page pinning cost more than the copy saved. A single-copy send waits for its
+  /// receiver, which stalls a pipelined chain: broadcast with 256 KiB chunks fell from 11.5 to
+  /// 9.5 GB/s at 32 MiB. Reductions lose too (the receiver would copy and reduce alone, where
+  /// the channel overlaps the sender's copy with its reduction): all_reduce 16 MiB 3.3 vs 5.6.
+  /// Hence: copies only, from 512 KiB — above algo::tuning::pipeline_chunk_bytes, so chains
+  /// stay on the channel.
   std::size_t single_copy_bytes = default_single_copy_bytes();
 
   /// COLLX_SHM_SINGLE_COPY_BYTES overrides the default (0: never).
@@ -71,7 +75,7 @@ struct shm_config {
       const unsigned long long v = std::strtoull(e, nullptr, 10);
       return v == 0 ? ~std::size_t(0) : std::size_t(v);
     }
-    return std::size_t(4) << 20;
+    return std::size_t(512) << 10;
   }
 };
 
