@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # collx: the two commands.
-#   ./run.sh demo   builds collx-perf and runs real collectives on 8 thread-ranks, every policy
+#   ./run.sh demo   builds collx-perf and runs real collectives on 8 ranks, every policy: as
+#                   threads, then as processes over shared memory
 #   ./run.sh test   builds and runs the whole test suite: release, then AddressSanitizer+UBSan,
 #                   then ThreadSanitizer (the threaded-transport subset)
 # On a fresh Debian 12 machine, run as root: missing Debian packages are installed first.
@@ -33,7 +34,8 @@ case "${1:-}" in
     need "${base_pkgs[@]}"
     configure build-demo -DCMAKE_BUILD_TYPE=Release -DCOLLX_BUILD_TESTS=OFF -DCOLLX_BUILD_EXAMPLES=OFF
     cmake --build build-demo -j "$jobs" --target collx-perf
-    ./build-demo/bench/collx-perf --demo
+    ./build-demo/bench/collx-perf --demo                    # ranks as threads
+    ./build-demo/bench/collx-perf --demo --transport shm    # ranks as processes over shared memory
     ;;
   test)
     need "${base_pkgs[@]}" catch2 libbenchmark-dev openmpi-bin libopenmpi-dev

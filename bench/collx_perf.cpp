@@ -580,10 +580,10 @@ void run_demo(config cfg, totals& tot) {
   cfg.warmup = 2;
   cfg.algo = "all";
   cfg.check = true;
-  std::printf("# collx-perf --demo: five collectives on %d thread-ranks, every policy, %zu B .. %zu B (x%zu),\n"
+  std::printf("# collx-perf --demo: five collectives on %d %s, every policy, %zu B .. %zu B (x%zu),\n"
               "# %d timed calls after %d warm-up calls per size, dtype %s, redop %s.\n#\n",
-              cfg.ranks, cfg.minbytes, cfg.maxbytes, cfg.factor, cfg.iters, cfg.warmup, cfg.dtype.c_str(),
-              cfg.redop.c_str());
+              cfg.ranks, cfg.transport == "shm" ? "processes (transport::shm)" : "thread-ranks (transport::inproc)",
+              cfg.minbytes, cfg.maxbytes, cfg.factor, cfg.iters, cfg.warmup, cfg.dtype.c_str(), cfg.redop.c_str());
   for_each(list<all_reduce_c, reduce_scatter_c, all_gather_c, broadcast_c, all_to_all_c>{},
            [&]<class C>(std::type_identity<C>) {
              demo_header<C>(cfg);

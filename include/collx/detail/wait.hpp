@@ -78,9 +78,22 @@ enum class wait_result { ready, timed_out };
 
 /// Waits until done() holds. check() is called between sleeps and may throw (a failed peer, an
 /// aborted job). Returns timed_out when `timeout` passes first.
+/// Cores this process may run on.
+inline int usable_cores() noexcept {
+  cpu_set_t s;
+  CPU_ZERO(&s);
+  if (sched_getaffinity(0, sizeof s, &s) != 0) return 1;
+  return CPU_COUNT(&s) > 0 ? CPU_COUNT(&s) : 1;
+}
+
+/// Spin iterations for a job of `ranks` ranks on this host: none to speak of when ranks
+/// outnumber cores, because then the peer being waited for is likely waiting for this core.
+inline int spin_for(int ranks) noexcept { return ranks > usable_cores() ? 8 : kSpinIterations; }
+
 template <class Done, class Check>
-wait_result wait_on(waitable& w, Done done, Check check, std::chrono::nanoseconds timeout, bool shared) {
-  for (int i = 0; i < kSpinIterations; ++i) {
+wait_result wait_on(waitable& w, Done done, Check check, std::chrono::nanoseconds timeout, bool shared,
+                    int spin = kSpinIterations) {
+  for (int i = 0; i < spin; ++i) {
     if (done()) return wait_result::ready;
     cpu_relax();
   }

@@ -91,7 +91,7 @@ class inproc {
     std::atomic<int> first_failed_{-1};
   };
 
-  inproc(std::shared_ptr<group> g, int rank) : g_(std::move(g)), rank_(rank) {}
+  inproc(std::shared_ptr<group> g, int rank) : g_(std::move(g)), rank_(rank), spin_(detail::spin_for(g_->size())) {}
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return g_->size(); }
@@ -180,12 +180,13 @@ class inproc {
         call.fail(errc::peer_lost, "the job was aborted while waiting for rank " + std::to_string(peer) + ": rank " +
                                        std::to_string(f) + " failed: " + g_->why(f));
     };
-    if (detail::wait_on(w, done, check, call.timeout, false) == detail::wait_result::timed_out)
+    if (detail::wait_on(w, done, check, call.timeout, false, spin_) == detail::wait_result::timed_out)
       call.timed_out(peer, what);
   }
 
   std::shared_ptr<group> g_;
   int rank_;
+  int spin_;
 };
 
 }  // namespace collx::transport

@@ -97,6 +97,7 @@ class shm {
     if (cfg_.slot_bytes < 64 || cfg_.slot_bytes % 64 != 0)
       throw error(errc::invalid_argument, "shm: slot_bytes must be a positive multiple of 64");
     name_ = segment_name(job);
+    spin_ = detail::spin_for(size);
     attach();
   }
 
@@ -118,7 +119,7 @@ class shm {
     if (this != &o) {
       release();
       rank_ = o.rank_; n_ = o.n_; cfg_ = o.cfg_; name_ = std::move(o.name_);
-      base_ = o.base_; bytes_ = o.bytes_; left_ = o.left_; cma_ = o.cma_;
+      base_ = o.base_; bytes_ = o.bytes_; left_ = o.left_; cma_ = o.cma_; spin_ = o.spin_;
       o.base_ = nullptr; o.bytes_ = 0; o.left_ = true;
     }
     return *this;
@@ -208,8 +209,12 @@ class shm {
           l.chunk = std::uint32_t(nb);
           l.sig_hash = my_hash;
           c.sig[k] = call.sig;  // read by the receiver only to report a mismatch
-          if (nb <= sizeof l.inline_data) std::memcpy(l.inline_data, d.data + st.off, nb);
-          else std::memcpy(slot(rank_, d.peer, k), d.data + st.off, nb);
+          if (nb == 0) {
+          } else if (nb <= sizeof l.inline_data) {
+            std::memcpy(l.inline_data, d.data + st.off, nb);
+          } else {
+            std::memcpy(slot(rank_, d.peer, k), d.data + st.off, nb);
+          }
           l.seq.store(posted + 1, std::memory_order_release);
           c.posted.store(posted + 1, std::memory_order_relaxed);
           ring(d.peer);
@@ -314,7 +319,7 @@ class shm {
     };
     while (pending != 0) {
       if (advance()) continue;
-      if (detail::wait_on(me().doorbell, ready, check, call.timeout, true) == detail::wait_result::timed_out)
+      if (detail::wait_on(me().doorbell, ready, check, call.timeout, true, spin_) == detail::wait_result::timed_out)
         call.timed_out(first_pending_peer(), "its data, or room in its channel");
     }
   }
@@ -639,6 +644,7 @@ class shm {
   // exchange()'s progress per operation, reused across calls
   std::vector<op_state> send_state_, recv_state_;
   bool cma_ = false;                 // every rank can read every peer's memory
+  int spin_ = detail::kSpinIterations;  // detail::spin_for(ranks)
   std::vector<std::byte> bounce_;    // single-copy receives that reduce: read here, then combine
   static constexpr std::uint32_t kRemote = 0xffffffffu;  // slot_line::chunk of a single-copy message
 };
