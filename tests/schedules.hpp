@@ -67,7 +67,7 @@ std::vector<collx::schedule> schedules(const Algo& a, coll c, int n, std::size_t
         break;
       case coll::all_to_all:
         if constexpr (requires(const algo::a2a_problem& p) { a.all_to_all(p); })
-          v.push_back(a.all_to_all(algo::a2a_problem{r, n, std::span<const std::size_t>(counts), std::span<const std::size_t>(offs), std::span<const std::size_t>(counts), std::span<const std::size_t>(offs)}));
+          v.push_back(a.all_to_all(algo::a2a_problem{r, n, std::span<const std::size_t>(counts), std::span<const std::size_t>(offs), std::span<const std::size_t>(counts), std::span<const std::size_t>(offs), elem, true}));
         break;
     }
   }

@@ -157,5 +157,14 @@ TEST_CASE("pairwise all_to_all: N-1 steps, (N-1)/N·D bytes per rank", "[cost][p
       CHECK(x.steps == std::uint64_t(n - 1));
       CHECK(x.bytes_sent == std::uint64_t(n - 1) * k * 4);
     }
+    // Tiny blocks (<= tuning::a2a_one_step_bytes): every exchange in one step.
+    const auto tiny = count_traffic(n, [&](auto& comm) {
+      std::vector<int> in(8 * std::size_t(n)), out(in.size());
+      collx::all_to_all(comm, std::span<const int>{in}, std::span{out});
+    });
+    for (const auto& x : tiny) {
+      CHECK(x.steps == 1);
+      CHECK(x.messages_sent == std::uint64_t(n - 1));
+    }
   }
 }

@@ -14,12 +14,15 @@
 
 #include "../concepts.hpp"
 #include "problem.hpp"
+#include "tuning.hpp"
 
 namespace collx::algo {
 
 struct a2a_problem {
   int rank = 0, size = 1;
   std::span<const std::size_t> send_counts, send_offsets, recv_counts, recv_offsets;
+  std::size_t elem_size = 1;
+  bool uniform = false;  // all_to_all (every count equal), as opposed to all_to_all_v
 };
 
 struct pairwise {
@@ -32,9 +35,15 @@ struct pairwise {
     const int n = p.size, r = p.rank;
     const auto ur = std::size_t(r);
     s.copy({buf::out, p.recv_offsets[ur], p.recv_counts[ur]}, {buf::in, p.send_offsets[ur], p.send_counts[ur]});
+    // Tiny blocks: every exchange in one step, so the transport overlaps them and the call costs
+    // one round of latency instead of N-1. Every rank decides alike only if its blocks are all
+    // tiny, and each rank sees only its own counts, so the rule uses the uniform all_to_all's
+    // count (all_to_all_v always steps).
+    const bool one_step = p.uniform && p.send_counts[0] * p.elem_size <= tuning::a2a_one_step_bytes;
     for (int st = 1; st < n; ++st) {
       const auto to = std::size_t(mod(r + st, n)), from = std::size_t(mod(r - st, n));
-      s.next_step();
+      if (one_step) s.at(0);
+      else s.next_step();
       s.send(int(to), {buf::in, p.send_offsets[to], p.send_counts[to]});
       s.recv(int(from), {buf::out, p.recv_offsets[from], p.recv_counts[from]});
     }

@@ -24,4 +24,9 @@ inline constexpr std::size_t small_message_bytes = std::size_t(1) << 20;
 /// docs/performance.md.
 inline constexpr std::size_t latency_bound_bytes = std::size_t(4) << 10;
 
+/// all_to_all with blocks of at most this many bytes runs every exchange in one step (see
+/// algo/pairwise.hpp). Measured over shm, 4 processes on 2 cores,
+/// `collx-perf --transport shm -np 4 -b 32 -e 32K -f 8 --op all_to_all -n 2000`: docs/performance.md.
+inline constexpr std::size_t a2a_one_step_bytes = 1024;
+
 }  // namespace collx::algo::tuning

@@ -9,12 +9,12 @@ namespace collx {
 namespace detail {
 template <class T, class E>
 void all_to_all_run(communicator<T>& comm, const call_info& call, const E* in, E* out,
-                    std::span<const std::size_t> sc, std::span<const std::size_t> rc) {
+                    std::span<const std::size_t> sc, std::span<const std::size_t> rc, bool uniform) {
   const auto n = std::size_t(comm.size());
   std::vector<std::size_t> so(n), ro(n);
   std::exclusive_scan(sc.begin(), sc.end(), so.begin(), std::size_t(0));
   std::exclusive_scan(rc.begin(), rc.end(), ro.begin(), std::size_t(0));
-  const schedule s = algo::pairwise{}.all_to_all({comm.rank(), comm.size(), sc, so, rc, ro});
+  const schedule s = algo::pairwise{}.all_to_all({comm.rank(), comm.size(), sc, so, rc, ro, sizeof(E), uniform});
   execute(comm, call, s, in, out, no_op{});
 }
 
@@ -43,7 +43,7 @@ void all_to_all(communicator<T>& comm, std::span<const std::type_identity_t<E>> 
   COLLX_REQUIRE(!detail::partially_overlap(in, out) && !(in.data() == out.data() && !in.empty()), call,
                   "the input and output overlap (all_to_all has no in-place form)");
   const std::vector<std::size_t> counts(n, in.size() / n);
-  detail::all_to_all_run(comm, call, in.data(), out.data(), counts, counts);
+  detail::all_to_all_run(comm, call, in.data(), out.data(), counts, counts, true);
 }
 
 /// All-to-all with per-rank counts: in holds send_counts[j] elements for rank j, packed in rank
@@ -68,7 +68,7 @@ void all_to_all_v(communicator<T>& comm, std::span<const std::type_identity_t<E>
                   "recv_counts add up to " + std::to_string(nr) + " but the output has " + detail::n_elems(out.size()));
   COLLX_REQUIRE(!detail::partially_overlap(in, out) && !(in.data() == out.data() && !in.empty()), call,
                   "the input and output overlap (all_to_all_v has no in-place form)");
-  detail::all_to_all_run(comm, call, in.data(), out.data(), send_counts, recv_counts);
+  detail::all_to_all_run(comm, call, in.data(), out.data(), send_counts, recv_counts, false);
 }
 
 }  // namespace collx
