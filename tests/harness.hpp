@@ -26,7 +26,7 @@ struct processes_single_copy {
   template <class F>
   void operator()(int n, F&& f) const {
     collx::transport::shm::config cfg;
-    cfg.single_copy_bytes = 1024;
+    cfg.single_copy_from(1024);
     collx::launch_processes(n, std::forward<F>(f), collx::options{}, cfg);
   }
 };

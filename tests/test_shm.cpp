@@ -72,7 +72,7 @@ TEMPLATE_TEST_CASE("over shm: single copy (forced from 1 KiB) delivers the same 
   // without single copy, and this test has nothing to check.
   try {
     collx::transport::shm::config c;
-    c.single_copy_bytes = 1024;
+    c.single_copy_from(1024);
     collx::launch_processes(2, [&](auto& comm) {
       if (!comm.transport().single_copy()) throw std::runtime_error("process_vm_readv is not permitted here");
     }, collx::options{}, c);

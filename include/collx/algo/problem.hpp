@@ -54,6 +54,10 @@ struct ag_problem {
 
   int actual(int v) const noexcept { return mod(v + base, size); }
   region block(int i) const { return {buf::out, blocks.offset(i), blocks.count(i)}; }
+  /// Where this rank's own block can be read from the start: the input (not the copy a step
+  /// makes of it into out, so a first send need not wait for that copy, nor read lines the
+  /// copy has just dirtied), or out itself when in place.
+  region own() const { return in_place ? block(rank) : region{buf::in, 0, blocks.count(rank)}; }
 };
 
 /// Broadcast of out[0, count) from root.

@@ -233,7 +233,7 @@ struct recursive_halving {
     if (f.r > 0) {
       if (v < 2 * f.r) {
         s.at(t);
-        if (v % 2 == 0) s.send(p.actual(v + 1), p.block(v));
+        if (v % 2 == 0) s.send(p.actual(v + 1), p.own());
         else s.recv(p.actual(v - 1), p.block(v - 1));
       }
       ++t;
@@ -253,7 +253,7 @@ struct recursive_halving {
       const int partner = p.actual(f.acting(w ^ d));
       const int plo = (w & d) ? lo - d : hi, phi = (w & d) ? lo : hi + d;
       s.at(t);
-      s.send(partner, range(lo, hi));
+      s.send(partner, hi - lo == 1 && f.r == 0 ? p.own() : range(lo, hi));
       s.recv(partner, range(plo, phi));
       lo = std::min(lo, plo);
       hi = std::max(hi, phi);

@@ -88,7 +88,7 @@ struct ring {
     if (!p.in_place) s.copy(p.block(v), {buf::in, 0, p.blocks.count(v)});
     for (int st = 0; st < n - 1; ++st) {
       s.next_step();
-      s.send(p.actual(v + 1), p.block(mod(v - st, n)));
+      s.send(p.actual(v + 1), st == 0 ? p.own() : p.block(mod(v - st, n)));
       s.recv(p.actual(v - 1), p.block(mod(v - st - 1, n)));
     }
     return s;

@@ -86,9 +86,13 @@ inline int usable_cores() noexcept {
   return CPU_COUNT(&s) > 0 ? CPU_COUNT(&s) : 1;
 }
 
-/// Spin iterations for a job of `ranks` ranks on this host: none to speak of when ranks
+/// Spin iterations for `ranks` ranks sharing `cores` cores: none to speak of when ranks
 /// outnumber cores, because then the peer being waited for is likely waiting for this core.
-inline int spin_for(int ranks) noexcept { return ranks > usable_cores() ? 8 : kSpinIterations; }
+/// `cores` is what the whole job may run on: a rank pinned to one core (launch_processes,
+/// `mpirun --bind-to core`) still shares the host with peers pinned to the others, so a
+/// transport between processes passes the union of its ranks' affinity masks
+/// (transport::shm does); threads of one process share its mask.
+inline int spin_for(int ranks, int cores = usable_cores()) noexcept { return ranks > cores ? 8 : kSpinIterations; }
 
 template <class Done, class Check>
 wait_result wait_on(waitable& w, Done done, Check check, std::chrono::nanoseconds timeout, bool shared,

@@ -54,28 +54,59 @@ struct shm_config {
   std::size_t slot_bytes = std::size_t(64) << 10;
   /// How long to wait for every rank to attach.
   std::chrono::nanoseconds attach_timeout = detail::default_timeout();
-  /// Messages of data-moving collectives (all-gather, broadcast, all-to-all, gather, scatter)
-  /// of at least this many bytes go single copy: the receiver reads them straight out of the
-  /// sender's buffer with process_vm_readv (cross-memory attach) instead of through the channel.
-  /// ~0 turns single copy off. Measured with ranks pinned one per core, 2 processes,
-  /// `COLLX_SHM_SINGLE_COPY_BYTES=<t> collx-perf --transport shm -np 2 -b 8 -e 16M -f 4 -n 200`
-  /// (busbw, single copy vs channel): all_to_all 512 KiB 13.1 vs 7.2 GB/s, 2 MiB 6.2 vs 4.4,
-  /// 8 MiB 5.8 vs 4.2; all_gather 2 MiB 5.6 vs 4.8, 8 MiB 5.6 vs 4.1; below 128 KiB the system
-  /// call and page pinning cost more than the copy saved. A single-copy send waits for its
-  /// receiver, which stalls a pipelined chain: broadcast with 256 KiB chunks fell from 11.5 to
-  /// 9.5 GB/s at 32 MiB. Reductions lose too (the receiver would copy and reduce alone, where
-  /// the channel overlaps the sender's copy with its reduction): all_reduce 16 MiB 3.3 vs 5.6.
-  /// Hence: copies only, from 512 KiB — above algo::tuning::pipeline_chunk_bytes, so chains
-  /// stay on the channel.
-  std::size_t single_copy_bytes = default_single_copy_bytes();
+  /// Single copy: a message of a collective that moves data without reducing it (all-gather,
+  /// broadcast, all-to-all, gather, scatter) may be read by its receiver straight out of the
+  /// sender's buffer with process_vm_readv (cross-memory attach) instead of through the
+  /// channel: one copy instead of two, but done by the receiver's core alone, while the channel
+  /// splits its two copies between the sender's core and the receiver's. So single copy pays
+  /// when both cores are busy anyway (the sender receives in the same step: an exchange) or
+  /// while source and destination stay in the reader's cache. Measured with 2 processes pinned
+  /// one per core, `COLLX_SHM_SINGLE_COPY_BYTES=<1024|0> collx-perf --transport shm -np 2
+  /// -b 8K -e 2M -f 2 --op <c> --algo automatic -n 1000 -c 0`, time single copy vs channel:
+  /// - exchanges (all_gather, all_to_all; message = half the size): 8 KiB messages 1.9-2.2 vs
+  ///   1.6-1.9 us, 16 KiB 3.0-3.2 vs 4.0-4.8, 64 KiB 6.3-7.0 vs 9.3-9.8, 128 KiB 10.6-11.0 vs
+  ///   18.6-18.9, 1 MiB 98 vs 98: from 16 KiB on;
+  /// - one way (broadcast, one message): 64 KiB 3.9-4.1 vs 4.1-4.2 us, 128 KiB 7.3-7.5 vs
+  ///   8.1-10.6, 256 KiB 13.1-13.5 vs 16.0, 512 KiB 25.7 vs 32.3, 1 MiB 92 vs 66-72, 2 MiB
+  ///   214-224 vs 152-156: from 128 KiB up to 512 KiB (the reader's 2 MiB L2 holds source and
+  ///   destination; beyond, one core copying from DRAM loses to two cores pipelining).
+  /// Reductions never go single copy: the receiver would copy and reduce alone where the
+  /// channel overlaps the sender's copy with its reduction (all_reduce 16 MiB: 3.3 vs 5.6 GB/s).
+  /// - ranks outnumber cores (4 processes on 2 cores, same command with -np 4; noisy, two runs
+  ///   each): a sender waits for a receiver that may not be running. Exchanges win from 1 MiB
+  ///   messages (all_gather 4 MiB 827-851 vs 1041-1133 us, all_to_all 828-902 vs 1160-1332)
+  ///   and are even or lost in the noise below; one-way messages and the pipelined chain of a
+  ///   large broadcast lose (4 MiB: 881-894 vs 702-704 us). So: exchanges above the pipeline
+  ///   chunk (algo::tuning::pipeline_chunk_bytes), which keeps chains on the channel, and no
+  ///   one-way single copy.
+  std::size_t single_copy_bytes = std::size_t(16) << 10;
+  std::size_t single_copy_crowded_bytes = std::size_t(512) << 10;
+  std::size_t single_copy_one_way_bytes = std::size_t(128) << 10;
+  std::size_t single_copy_one_way_max_bytes = std::size_t(512) << 10;
+  /// When set, every data-moving message of at least this many bytes goes single copy, and the
+  /// rules above are ignored (tests; COLLX_SHM_SINGLE_COPY_BYTES=<b>). ~0: never single copy
+  /// (COLLX_SHM_SINGLE_COPY_BYTES=0).
+  std::size_t single_copy_forced_bytes = forced_from_env();
 
-  /// COLLX_SHM_SINGLE_COPY_BYTES overrides the default (0: never).
-  static std::size_t default_single_copy_bytes() {
+  static std::size_t forced_from_env() {
     if (const char* e = std::getenv("COLLX_SHM_SINGLE_COPY_BYTES"); e != nullptr && *e != 0) {
       const unsigned long long v = std::strtoull(e, nullptr, 10);
       return v == 0 ? ~std::size_t(0) : std::size_t(v);
     }
-    return std::size_t(512) << 10;
+    return 0;
+  }
+  /// Every data-moving message of at least `b` bytes goes single copy (tests use this).
+  shm_config& single_copy_from(std::size_t b) noexcept {
+    single_copy_forced_bytes = b;
+    return *this;
+  }
+  bool single_copy_never() const noexcept { return single_copy_forced_bytes == ~std::size_t(0); }
+  /// Whether a message of `bytes` goes single copy; `exchange`: the sender also receives in
+  /// this step; `crowded`: the job's ranks outnumber its cores.
+  bool single_copy_for(std::size_t bytes, bool exchange, bool crowded) const noexcept {
+    if (single_copy_forced_bytes != 0) return bytes >= single_copy_forced_bytes;
+    if (exchange) return bytes >= (crowded ? single_copy_crowded_bytes : single_copy_bytes);
+    return !crowded && bytes >= single_copy_one_way_bytes && bytes <= single_copy_one_way_max_bytes;
   }
 };
 
@@ -97,7 +128,6 @@ class shm {
     if (cfg_.slot_bytes < 64 || cfg_.slot_bytes % 64 != 0)
       throw error(errc::invalid_argument, "shm: slot_bytes must be a positive multiple of 64");
     name_ = segment_name(job);
-    spin_ = detail::spin_for(size);
     attach();
   }
 
@@ -181,7 +211,7 @@ class shm {
           }
           continue;
         }
-        if (!st.done && single_copy && d.bytes >= cfg_.single_copy_bytes && first_to(sends, ss, i)) {
+        if (!st.done && single_copy && cfg_.single_copy_for(d.bytes, !recvs.empty(), spin_ < detail::kSpinIterations) && first_to(sends, ss, i)) {
           const std::uint32_t posted = c.posted.load(std::memory_order_relaxed);
           if (!has_room(c, posted)) continue;
           const std::uint32_t k = posted % kSlots;
@@ -317,8 +347,32 @@ class shm {
         if (!ss[i].done && gone(sends[i].peer)) report_gone(sends[i].peer, call);
       report_failed_elsewhere(call);
     };
+    // A single-copy send is acknowledged when its receiver has read it, which takes as long as
+    // the copy (~25 us for 512 KiB): longer than a waiter spins, and a futex sleep would add a
+    // wake-up (~28 us here) to every such message. So while such an acknowledgement is due, a
+    // sender whose ranks fit the cores keeps spinning: for kAckSpin, and on for as long as
+    // the receiver is reading (its `reading` flag), up to kBusyReadSpin; then it sleeps.
+    auto awaiting_read = [&](bool& reading) {
+      bool any = false;
+      for (std::size_t i = 0; i < sends.size(); ++i)
+        if (ss[i].ack_at != 0 && !ss[i].done) {
+          any = true;
+          reading = reading || ctl(rank_, sends[i].peer).reading.load(std::memory_order_relaxed) != 0;
+        }
+      return any;
+    };
+    std::chrono::steady_clock::time_point busy_since{};
     while (pending != 0) {
       if (advance()) continue;
+      bool reading = false;
+      if (spin_ >= detail::kSpinIterations && awaiting_read(reading)) {
+        const auto now = std::chrono::steady_clock::now();
+        if (busy_since == std::chrono::steady_clock::time_point{}) busy_since = now;
+        if (now - busy_since < (reading ? kBusyReadSpin : kAckSpin)) {
+          for (int k = 0; k < 64 && !ready(); ++k) detail::cpu_relax();
+          continue;
+        }
+      }
       if (detail::wait_on(me().doorbell, ready, check, call.timeout, true, spin_) == detail::wait_result::timed_out)
         call.timed_out(first_pending_peer(), "its data, or room in its channel");
     }
@@ -375,6 +429,7 @@ class shm {
     std::atomic<std::uint32_t> state;
     std::int32_t pid;
     std::uint64_t base;  // where this rank mapped the segment: the single-copy probe reads it
+    cpu_set_t cpus;      // the cores this rank may run on: the job's union decides whether to spin
     char why[512];
   };
   /// One cache line per slot: the receiver polls `seq` and finds the header and, for messages
@@ -509,6 +564,7 @@ class shm {
     if (lr == EOWNERDEAD) pthread_mutex_consistent(&m.alive);
     m.pid = std::int32_t(getpid());
     m.base = reinterpret_cast<std::uintptr_t>(base_);
+    if (sched_getaffinity(0, sizeof m.cpus, &m.cpus) != 0) CPU_ZERO(&m.cpus);
     m.state.store(kLive);
     left_ = false;
     hdr().attached.fetch_add(1, std::memory_order_seq_cst);
@@ -529,6 +585,10 @@ class shm {
     }
     std::uint32_t zero = 0;
     if (hdr().unlinked.compare_exchange_strong(zero, 1)) shm_unlink(name_.c_str());
+    cpu_set_t job;
+    CPU_ZERO(&job);
+    for (int q = 0; q < n_; ++q) CPU_OR(&job, &job, &rc(q).cpus);
+    spin_ = detail::spin_for(n_, std::max(1, CPU_COUNT(&job)));
     probe_single_copy(deadline);
   }
 
@@ -536,7 +596,7 @@ class shm {
   /// against it). Every rank tries to read each peer's segment header through it; all ranks
   /// then agree: single copy is used only if every probe worked.
   void probe_single_copy(std::chrono::steady_clock::time_point deadline) {
-    bool ok = cfg_.single_copy_bytes != ~std::size_t(0);
+    bool ok = !cfg_.single_copy_never();
     for (int q = 0; q < n_ && ok; ++q) {
       if (q == rank_) continue;
       std::uint64_t magic = 0;
@@ -581,6 +641,10 @@ class shm {
       else comb(d.dst + off, d.with + off, bounce_.data(), nb / elem);
     }
   }
+  /// How long a sender spins for the acknowledgement of a single-copy message before it
+  /// sleeps: while its receiver reads it, and before the receiver has begun.
+  static constexpr std::chrono::milliseconds kBusyReadSpin{20};
+  static constexpr std::chrono::microseconds kAckSpin{200};
   /// Bounce buffer of single-copy receives that reduce: small enough to stay in L2.
   static constexpr std::size_t kBounceBytes = std::size_t(256) << 10;
 
