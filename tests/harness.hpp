@@ -31,6 +31,12 @@ struct processes_single_copy {
   }
 };
 
+/// Processes over transport::tcp on loopback (rank 0 serves the rendezvous store).
+struct processes_tcp {
+  template <class F>
+  void operator()(int n, F&& f) const { collx::launch_processes(n, std::forward<F>(f), collx::options{}, collx::transport::tcp_config{}); }
+};
+
 /// Runs body(comm, note) on n ranks started by L. note(s) records this rank's first problem; a
 /// rank with a problem fails at the end of its body (processes report it through
 /// launch_processes). Returns "" when every rank is happy, else the first problem or failure.

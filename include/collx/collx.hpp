@@ -25,4 +25,5 @@
 #include "transport/counting.hpp"
 #include "transport/inproc.hpp"
 #include "transport/shm.hpp"
+#include "transport/tcp.hpp"
 #include "types.hpp"

@@ -1,9 +1,11 @@
 #pragma once
-// launch_processes(n, f, options): forks n processes, each a rank over transport::shm, runs
-// f(comm) in each, waits for all of them and reports every child's failure: an exception (its
-// collx::errc and message travel back through a pipe), a non-zero exit, or a signal. Throws
-// collx::error when any rank failed, naming each. Meant for tests, examples and benchmarks; a
-// real job is started by its launcher (mpirun, srun, torchrun) and uses shm::from_env().
+// launch_processes(n, f, options[, config]): forks n processes, each a rank over
+// transport::shm (or transport::tcp when given a tcp_config: rank 0 serves the rendezvous store
+// on a loopback socket the parent opened), runs f(comm) in each, waits for all of them and
+// reports every child's failure: an exception (its collx::errc and message travel back through
+// a pipe), a non-zero exit, or a signal. Throws collx::error when any rank failed, naming each.
+// Meant for tests, examples and benchmarks; a real job is started by its launcher (mpirun,
+// srun, torchrun) and uses shm::from_env() or tcp::from_env().
 #include <sched.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -20,6 +22,7 @@
 #include "launch.hpp"
 #include "error.hpp"
 #include "transport/shm.hpp"
+#include "transport/tcp.hpp"
 
 namespace collx {
 
@@ -40,11 +43,11 @@ inline void write_all(int fd, const std::string& s) {
 }
 }  // namespace detail
 
-template <template <class> class Decorator, class F>
-void launch_processes(int n, F&& f, options opts = {}, transport::shm::config cfg = {}) {
-  using transport_t = Decorator<transport::shm>;
-  if (n < 1) throw error(errc::invalid_argument, "launch_processes: the rank count must be at least 1, got " + std::to_string(n));
-  const std::string job = detail::unique_job_name();
+namespace detail {
+/// The fork/report machinery; make(job, rank) builds a rank's transport in its child.
+template <template <class> class Decorator, class Make, class F>
+void launch_processes_with(int n, const std::string& job, Make&& make, F&& f, const options& opts) {
+  using transport_t = Decorator<std::invoke_result_t<Make&, const std::string&, int>>;
   // One rank per core when they fit, as mpirun binds by default: ranks that wait for each other
   // then never share a core while another one idles (fresh processes start on their parent's core).
   cpu_set_t allowed;
@@ -79,7 +82,7 @@ void launch_processes(int n, F&& f, options opts = {}, transport::shm::config cf
       for (int q = 0; q < r; ++q) close(fds[std::size_t(q)]);
       int code = 0;
       try {
-        communicator<transport_t> comm{transport_t{transport::shm(job, r, n, cfg)}, opts};
+        communicator<transport_t> comm{transport_t{make(job, r)}, opts};
         try {
           f(comm);
         } catch (const std::exception& e) {  // fail the job, so peers stop waiting for this rank
@@ -132,7 +135,6 @@ void launch_processes(int n, F&& f, options opts = {}, transport::shm::config cf
                                                        std::to_string(WEXITSTATUS(status)), true});
     }
   }
-  shm_unlink(transport::shm::segment_name(job).c_str());  // in case a rank died before everyone attached
   if (failures.empty()) return;
   // The cause: an error of the rank's own (not peer_lost), else a rank that died, else the first.
   const failure* cause = &failures.front();
@@ -150,9 +152,50 @@ void launch_processes(int n, F&& f, options opts = {}, transport::shm::config cf
   throw error(c >= int(errc::timeout) && c <= int(errc::transport_error) ? errc(c) : errc::peer_lost, all);
 }
 
+}  // namespace detail
+
+template <template <class> class Decorator, class F>
+void launch_processes(int n, F&& f, options opts = {}, transport::shm::config cfg = {}) {
+  if (n < 1) throw error(errc::invalid_argument, "launch_processes: the rank count must be at least 1, got " + std::to_string(n));
+  const std::string job = detail::unique_job_name();
+  struct unlink_at_end {  // in case a rank died before everyone attached
+    std::string name;
+    ~unlink_at_end() { shm_unlink(name.c_str()); }
+  } cleanup{transport::shm::segment_name(job)};
+  detail::launch_processes_with<Decorator>(
+      n, job, [&](const std::string& j, int r) { return transport::shm(j, r, n, cfg); }, std::forward<F>(f), opts);
+}
+
+template <template <class> class Decorator, class F>
+void launch_processes(int n, F&& f, options opts, transport::tcp_config cfg) {
+  if (n < 1) throw error(errc::invalid_argument, "launch_processes: the rank count must be at least 1, got " + std::to_string(n));
+  // The parent opens the store's listening socket before forking: rank 0 serves on it, the others
+  // connect to it, and no port can be taken by someone else in between.
+  auto [listener, at] = transport::net::listen_on(transport::net::resolve("127.0.0.1", 0));
+  const int lfd = listener.get();
+  detail::launch_processes_with<Decorator>(
+      n, detail::unique_job_name(),
+      [&, port = at.port()](const std::string& j, int r) {
+        transport::tcp_config c = cfg;
+        if (c.store_path.empty()) {
+          c.master_addr = "127.0.0.1";
+          c.master_port = port;
+          if (r == 0) c.serve_store_fd = ::dup(lfd);
+        }
+        ::close(lfd);
+        return transport::tcp(j, r, n, std::move(c));
+      },
+      std::forward<F>(f), opts);
+}
+
 template <class F>
 void launch_processes(int n, F&& f, options opts = {}, transport::shm::config cfg = {}) {
   launch_processes<detail::no_decorator>(n, std::forward<F>(f), opts, cfg);
+}
+
+template <class F>
+void launch_processes(int n, F&& f, options opts, transport::tcp_config cfg) {
+  launch_processes<detail::no_decorator>(n, std::forward<F>(f), opts, std::move(cfg));
 }
 
 }  // namespace collx

@@ -1,0 +1,393 @@
+#pragma once
+// Rendezvous stores: where the ranks of a job find each other before any socket between them
+// exists. Two kinds, one interface (set, get-with-deadline, add):
+//   - store_server + tcp_store: a small key-value server run by rank 0 at MASTER_ADDR:MASTER_PORT
+//     (torchrun's env:// convention) and its client. When the job has a token
+//     (COLLX_JOB_TOKEN) a client must present it first, or it is refused and dropped.
+//   - file_store: files in a directory every rank can see (a shared file system).
+// store_core is the server's logic without sockets (what the fuzz target drives).
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdint>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "socket.hpp"
+#include "wire.hpp"
+
+namespace collx::transport {
+
+class store {
+ public:
+  virtual ~store() = default;
+  virtual void set(const std::string& key, const std::string& value) = 0;
+  /// The value of `key`, waiting until some rank sets it; nullopt when `deadline` passes first.
+  virtual std::optional<std::string> get(const std::string& key, net::clock::time_point deadline) = 0;
+  /// Adds `delta` to the integer at `key` (0 when unset) and returns the new value.
+  virtual std::int64_t add(const std::string& key, std::int64_t delta) = 0;
+  /// Where the store is, for error messages.
+  virtual std::string where() const = 0;
+};
+
+// ---- the server's logic ------------------------------------------------------------------------
+
+/// The key-value logic of store_server, one call per request, no I/O. A session starts
+/// unauthenticated when the store has a token; then only `auth` is accepted.
+class store_core {
+ public:
+  /// Keys a store holds at most: a client cannot grow the server without bound.
+  static constexpr std::size_t kMaxKeys = 1 << 16;
+
+  explicit store_core(std::string token = {}) : token_(std::move(token)) {}
+
+  struct session {
+    bool authed = false;
+    std::string in;  // bytes received, not yet a whole request (bounded by the parser's limits)
+  };
+  struct reply {
+    std::string bytes;         // to send back now (may be empty: a get that waits)
+    std::string waiting_for;   // the key a get waits for, when it has to wait
+    bool drop = false;         // garbage or refused: close the connection
+    std::string why;           // why it was dropped (logged by the server)
+  };
+
+  bool needs_auth() const noexcept { return !token_.empty(); }
+
+  /// Handles every whole request in s.in; returns the replies in order. Stops at the first
+  /// request that drops the session.
+  std::vector<reply> feed(session& s) {
+    std::vector<reply> out;
+    for (;;) {
+      tcp_wire::store_parse p = tcp_wire::parse_store_request({reinterpret_cast<const std::byte*>(s.in.data()), s.in.size()});
+      if (p.st == tcp_wire::store_parse::status::need_more) break;
+      if (p.st == tcp_wire::store_parse::status::bad) {
+        out.push_back({{}, {}, true, p.why});
+        break;
+      }
+      s.in.erase(0, p.consumed);
+      out.push_back(handle(s, p.req));
+      if (out.back().drop) break;
+    }
+    return out;
+  }
+
+  reply handle(session& s, const tcp_wire::store_request& r) {
+    using tcp_wire::encode_store_reply;
+    using tcp_wire::store_op;
+    using tcp_wire::store_status;
+    if (r.op == store_op::auth) {
+      s.authed = !needs_auth() || tcp_wire::same_token({reinterpret_cast<const std::byte*>(r.value.data()), r.value.size()},
+                                                       {reinterpret_cast<const std::byte*>(token_.data()), token_.size()});
+      if (!s.authed) return {encode_store_reply(store_status::denied, {}), {}, true, "wrong job token"};
+      return {encode_store_reply(store_status::ok, {}), {}, false, {}};
+    }
+    if (needs_auth() && !s.authed) return {encode_store_reply(store_status::denied, {}), {}, true, "no job token presented"};
+    switch (r.op) {
+      case store_op::set:
+        if (kv_.size() >= kMaxKeys && !kv_.count(r.key)) return {encode_store_reply(store_status::bad_request, {}), {}, true, "store full"};
+        kv_[r.key] = r.value;
+        return {encode_store_reply(store_status::ok, {}), {}, false, {}};
+      case store_op::get: {
+        auto it = kv_.find(r.key);
+        if (it == kv_.end()) return {{}, r.key, false, {}};
+        return {encode_store_reply(store_status::ok, it->second), {}, false, {}};
+      }
+      case store_op::add: {
+        if (kv_.size() >= kMaxKeys && !kv_.count(r.key)) return {encode_store_reply(store_status::bad_request, {}), {}, true, "store full"};
+        std::int64_t delta = 0;
+        std::memcpy(&delta, r.value.data(), sizeof delta);
+        std::string& v = kv_[r.key];
+        std::int64_t cur = 0;
+        if (v.size() == sizeof cur) std::memcpy(&cur, v.data(), sizeof cur);
+        cur = std::int64_t(std::uint64_t(cur) + std::uint64_t(delta));  // wraps, never UB
+        v.assign(reinterpret_cast<const char*>(&cur), sizeof cur);
+        return {encode_store_reply(store_status::ok, v), {}, false, {}};
+      }
+      default: return {{}, {}, true, "unknown operation"};
+    }
+  }
+
+  /// The value of a key, if set (for answering gets that waited).
+  const std::string* find(const std::string& key) const {
+    auto it = kv_.find(key);
+    return it == kv_.end() ? nullptr : &it->second;
+  }
+
+ private:
+  std::string token_;
+  std::map<std::string, std::string> kv_;
+};
+
+// ---- the server ----------------------------------------------------------------------------------
+
+/// Serves a store_core on a listening socket from a thread of its own until destroyed.
+/// Strangers (wrong or no token, garbage) are logged to stderr and disconnected.
+class store_server {
+ public:
+  /// Clients served at once; more are refused until one leaves.
+  static constexpr std::size_t kMaxClients = 1024;
+
+  store_server(net::fd listener, std::string token) : listener_(std::move(listener)), core_(std::move(token)) {
+    int p[2];
+    if (::pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0) net::sys_fail("tcp store: pipe");
+    wake_r_ = net::fd(p[0]);
+    wake_w_ = net::fd(p[1]);
+    thread_ = std::thread([this] { run(); });
+  }
+  store_server(const store_server&) = delete;
+  store_server& operator=(const store_server&) = delete;
+  ~store_server() {
+    stop_.store(true);
+    const char c = 0;
+    [[maybe_unused]] auto k = ::write(wake_w_.get(), &c, 1);
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  struct client {
+    net::fd s;
+    std::string peer;
+    store_core::session st;
+    std::string out;
+    std::vector<std::string> waiting;  // keys of gets not yet answered, in order
+    bool closing = false;
+  };
+
+  void run() {
+    std::vector<client> cs;
+    std::vector<pollfd> pf;
+    while (!stop_.load()) {
+      pf.clear();
+      pf.push_back({wake_r_.get(), POLLIN, 0});
+      pf.push_back({listener_.get(), short(cs.size() < kMaxClients ? POLLIN : 0), 0});
+      for (const client& c : cs) pf.push_back({c.s.get(), short(POLLIN | (c.out.empty() ? 0 : POLLOUT)), 0});
+      if (::poll(pf.data(), pf.size(), 1000) < 0 && errno != EINTR) break;
+      if (pf[1].revents & POLLIN) accept_all(cs);
+      for (std::size_t i = 0; i < cs.size(); ++i) {
+        const short ev = pf[i + 2].revents;
+        if (ev != 0) serve(cs[i], ev);
+      }
+      answer_waiting(cs);
+      std::erase_if(cs, [](const client& c) { return c.closing && c.out.empty(); });
+    }
+  }
+
+  void accept_all(std::vector<client>& cs) {
+    for (;;) {
+      net::address a;
+      a.len = sizeof a.ss;
+      const int f = ::accept4(listener_.get(), a.sa(), &a.len, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (f < 0) return;
+      net::set_nodelay(f);
+      cs.push_back({net::fd(f), a.str(), {}, {}, {}, false});
+    }
+  }
+
+  void serve(client& c, short ev) {
+    if (ev & (POLLIN | POLLHUP | POLLERR)) {
+      char buf[8192];
+      for (;;) {
+        const ssize_t k = ::recv(c.s.get(), buf, sizeof buf, MSG_DONTWAIT);
+        if (k > 0) {
+          c.st.in.append(buf, std::size_t(k));
+          for (store_core::reply& r : core_.feed(c.st)) {
+            c.out += r.bytes;
+            if (!r.waiting_for.empty()) c.waiting.push_back(r.waiting_for);
+            if (r.drop) {
+              std::fprintf(stderr, "collx tcp store: refused %s: %s\n", c.peer.c_str(), r.why.c_str());
+              c.closing = true;
+              c.st.in.clear();
+              c.waiting.clear();
+            }
+          }
+          if (c.closing) break;
+          continue;
+        }
+        if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+          c.closing = true;
+          c.out.clear();
+        }
+        break;
+      }
+    }
+    flush(c);
+  }
+
+  void flush(client& c) {
+    while (!c.out.empty()) {
+      const ssize_t k = ::send(c.s.get(), c.out.data(), c.out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (k > 0) {
+        c.out.erase(0, std::size_t(k));
+        continue;
+      }
+      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+      c.out.clear();  // the client is gone
+      c.closing = true;
+      return;
+    }
+  }
+
+  void answer_waiting(std::vector<client>& cs) {
+    for (client& c : cs) {
+      // Replies go in request order: answer waiting gets from the front while their keys exist.
+      std::size_t k = 0;
+      while (k < c.waiting.size()) {
+        const std::string* v = core_.find(c.waiting[k]);
+        if (v == nullptr) break;
+        c.out += tcp_wire::encode_store_reply(tcp_wire::store_status::ok, *v);
+        ++k;
+      }
+      if (k != 0) {
+        c.waiting.erase(c.waiting.begin(), c.waiting.begin() + std::ptrdiff_t(k));
+        flush(c);
+      }
+    }
+  }
+
+  net::fd listener_, wake_r_, wake_w_;
+  store_core core_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// ---- the client ----------------------------------------------------------------------------------
+
+class tcp_store final : public store {
+ public:
+  /// Connects to the server at `at`, retrying until `deadline` (rank 0 may start last), and
+  /// presents `token` when it is not empty.
+  tcp_store(net::address at, std::string token, net::clock::time_point deadline) : at_(at) {
+    std::string why;
+    s_ = net::connect_until(at_, deadline, why);
+    if (!s_)
+      throw error(errc::timeout, "tcp: no rendezvous store at " + at_.str() + " (MASTER_ADDR:MASTER_PORT): " + why +
+                                     "; is rank 0 running?");
+    if (!token.empty()) request(tcp_wire::store_op::auth, "auth", token, deadline);
+  }
+
+  void set(const std::string& key, const std::string& value) override {
+    request(tcp_wire::store_op::set, key, value, net::clock::now() + std::chrono::seconds(60));
+  }
+  std::optional<std::string> get(const std::string& key, net::clock::time_point deadline) override {
+    return request(tcp_wire::store_op::get, key, {}, deadline, true);
+  }
+  std::int64_t add(const std::string& key, std::int64_t delta) override {
+    const auto v = request(tcp_wire::store_op::add, key, std::string(reinterpret_cast<const char*>(&delta), sizeof delta),
+                           net::clock::now() + std::chrono::seconds(60));
+    std::int64_t x = 0;
+    if (v && v->size() == sizeof x) std::memcpy(&x, v->data(), sizeof x);
+    return x;
+  }
+  std::string where() const override { return "the store at " + at_.str(); }
+
+ private:
+  std::optional<std::string> request(tcp_wire::store_op op, const std::string& key, const std::string& value,
+                                     net::clock::time_point deadline, bool may_wait = false) {
+    if (!s_) throw error(errc::transport_error, "tcp: the store connection to " + at_.str() + " was lost earlier");
+    if (key.empty() || key.size() > tcp_wire::kMaxKey || value.size() > tcp_wire::kMaxValue)
+      throw error(errc::invalid_argument, "tcp store: key or value too long");
+    const std::string req = tcp_wire::encode_store_request(op, key, value);
+    auto lost = [&](net::io r) -> std::optional<std::string> {
+      s_.reset();  // a half-done exchange leaves the stream out of step: never reuse it
+      if (r == net::io::timeout && may_wait) return std::nullopt;
+      throw error(r == net::io::timeout ? errc::timeout : errc::peer_lost,
+                  "tcp: the rendezvous store at " + at_.str() + (r == net::io::timeout ? " did not answer in time" : " closed the connection (refused, or rank 0 exited)"));
+    };
+    if (auto r = net::write_all(s_.get(), req.data(), req.size(), deadline); r != net::io::ok) return lost(r);
+    tcp_wire::store_rep_header raw;
+    if (auto r = net::read_exact(s_.get(), &raw, sizeof raw, deadline); r != net::io::ok) return lost(r);
+    const auto h = tcp_wire::parse_store_reply(std::span<const std::byte, sizeof raw>(reinterpret_cast<const std::byte*>(&raw), sizeof raw));
+    if (!h) {
+      s_.reset();
+      throw error(errc::transport_error, "tcp: garbage from the rendezvous store at " + at_.str());
+    }
+    std::string v(h->value_len, '\0');
+    if (auto r = net::read_exact(s_.get(), v.data(), v.size(), deadline); r != net::io::ok) return lost(r);
+    if (h->status != 0) {
+      s_.reset();
+      throw error(errc::transport_error, "tcp: the rendezvous store at " + at_.str() + " refused this rank" +
+                                             (h->status == 1 ? " (wrong or missing COLLX_JOB_TOKEN)" : ""));
+    }
+    return v;
+  }
+
+  net::address at_;
+  net::fd s_;
+};
+
+// ---- the file store --------------------------------------------------------------------------------
+
+/// Keys are files in `dir` (created if missing), written whole and renamed into place, so a
+/// reader never sees half a value. add() serialises through flock on a lock file.
+class file_store final : public store {
+ public:
+  explicit file_store(std::string dir) : dir_(std::move(dir)) {
+    if (dir_.empty()) throw error(errc::invalid_argument, "tcp: the file store needs a directory");
+    ::mkdir(dir_.c_str(), 0700);
+    struct stat st {};
+    if (::stat(dir_.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+      throw error(errc::invalid_argument, "tcp: file store \"" + dir_ + "\" is not a directory");
+  }
+
+  void set(const std::string& key, const std::string& value) override {
+    const std::string f = file(key);
+    static std::atomic<unsigned> n{0};
+    const std::string tmp = f + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(n++);
+    {
+      std::ofstream o(tmp, std::ios::binary | std::ios::trunc);
+      o.write(value.data(), std::streamsize(value.size()));
+      if (!o) throw error(errc::transport_error, "tcp: cannot write " + tmp);
+    }
+    if (std::rename(tmp.c_str(), f.c_str()) != 0) net::sys_fail("tcp: file store rename " + tmp);
+  }
+
+  std::optional<std::string> get(const std::string& key, net::clock::time_point deadline) override {
+    const std::string f = file(key);
+    for (;;) {
+      std::ifstream i(f, std::ios::binary);
+      if (i) {
+        std::string v((std::istreambuf_iterator<char>(i)), std::istreambuf_iterator<char>());
+        if (v.size() > tcp_wire::kMaxValue) throw error(errc::transport_error, "tcp: file store value " + f + " is too large");
+        return v;
+      }
+      if (net::clock::now() >= deadline) return std::nullopt;
+      ::usleep(2000);
+    }
+  }
+
+  std::int64_t add(const std::string& key, std::int64_t delta) override {
+    net::fd lock(::open((dir_ + "/.lock").c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600));
+    if (!lock || ::flock(lock.get(), LOCK_EX) != 0) net::sys_fail("tcp: file store lock in " + dir_);
+    std::int64_t cur = 0;
+    if (auto v = get(key, net::clock::now()); v) cur = std::strtoll(v->c_str(), nullptr, 10);
+    cur += delta;
+    set(key, std::to_string(cur));
+    return cur;  // the lock goes with `lock`
+  }
+
+  std::string where() const override { return "the file store in " + dir_; }
+
+ private:
+  /// A key as a file name: hex, so any key is a safe name.
+  std::string file(const std::string& key) const {
+    static const char* hex = "0123456789abcdef";
+    std::string f = dir_ + "/k";
+    for (unsigned char c : key) {
+      f += hex[c >> 4];
+      f += hex[c & 15];
+    }
+    return f;
+  }
+  std::string dir_;
+};
+
+}  // namespace collx::transport

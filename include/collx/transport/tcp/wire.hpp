@@ -1,0 +1,254 @@
+#pragma once
+// What transport::tcp puts on the wire, and the parsers that read it back. Everything read from
+// a socket passes through one of these functions before any of it is used: each field is
+// checked against fixed limits or against what the receiver expects, so bytes from a stranger,
+// a bug or a broken connection never size an allocation, index memory or reach a string
+// function unchecked. They are pure functions over byte spans, which is what the libFuzzer
+// targets (tests/fuzz/) feed with random input.
+//
+// Byte order is the host's: every rank of a job runs the same build on the same architecture
+// (as with NCCL and Gloo); a peer of the other byte order fails the magic check.
+//
+// Frames
+//   hello    connecting rank -> accepting rank, once per connection:
+//              magic "CXH1", version, rank, size, token[64]                       (80 bytes)
+//   verdict  accepting rank -> connecting rank: magic "CXV1", code (0: admitted)  (8 bytes)
+//   message  one per send of a step: a header, then `bytes` of payload
+//              magic "CXM1", kind, bytes, the sender's call_signature          (128 bytes)
+//            kind data: the payload is the message; bye: the sender leaves the job (no
+//            payload); abort: the sender failed, the payload (<= 512 bytes) says why.
+//   store    request: magic "CXS1", op, key length, value length, key, value
+//            reply:   magic "CXT1", status, value length, value
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "../../signature.hpp"
+
+namespace collx::transport::tcp_wire {
+
+constexpr std::uint32_t fourcc(const char (&s)[5]) {
+  return std::uint32_t(std::uint8_t(s[0])) | std::uint32_t(std::uint8_t(s[1])) << 8 | std::uint32_t(std::uint8_t(s[2])) << 16 |
+         std::uint32_t(std::uint8_t(s[3])) << 24;
+}
+
+inline constexpr std::uint32_t kHelloMagic = fourcc("CXH1"), kVerdictMagic = fourcc("CXV1"), kMsgMagic = fourcc("CXM1"),
+                               kStoreReqMagic = fourcc("CXS1"), kStoreRepMagic = fourcc("CXT1");
+inline constexpr std::uint32_t kVersion = 1;
+/// A job token: up to this many bytes (COLLX_JOB_TOKEN, or 64 hex digits made by rank 0).
+inline constexpr std::size_t kTokenBytes = 64;
+/// The longest reason an abort frame carries.
+inline constexpr std::size_t kMaxAbortReason = 512;
+
+/// Constant-time comparison, so a stranger cannot find the token byte by byte from timings.
+inline bool same_token(std::span<const std::byte> a, std::span<const std::byte> b) {
+  if (a.size() != b.size()) return false;
+  unsigned char d = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) d |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return d == 0;
+}
+
+// ---- hello / verdict --------------------------------------------------------------------------
+
+struct hello {
+  std::uint32_t magic = kHelloMagic;
+  std::uint32_t version = kVersion;
+  std::uint32_t rank = 0;
+  std::uint32_t size = 0;
+  std::byte token[kTokenBytes] = {};
+};
+static_assert(sizeof(hello) == 80);
+
+enum class verdict_code : std::uint32_t { admitted = 0, bad_token = 1, bad_rank = 2, duplicate = 3, bad_version = 4 };
+
+struct verdict {
+  std::uint32_t magic = kVerdictMagic;
+  std::uint32_t code = 0;
+};
+static_assert(sizeof(verdict) == 8);
+
+inline const char* describe(verdict_code c) {
+  switch (c) {
+    case verdict_code::admitted: return "admitted";
+    case verdict_code::bad_token: return "wrong job token";
+    case verdict_code::bad_rank: return "rank out of range or not expected to connect here";
+    case verdict_code::duplicate: return "a connection from that rank already exists";
+    case verdict_code::bad_version: return "not a collx peer of this version";
+  }
+  return "unknown verdict";
+}
+
+/// Checks a hello received by `my_rank` of a `my_size`-rank job with `token`. Only ranks above
+/// this one connect to it (the lower rank accepts).
+inline verdict_code check_hello(std::span<const std::byte, sizeof(hello)> raw, int my_rank, int my_size,
+                                std::span<const std::byte> token, int& peer) {
+  hello h;
+  std::memcpy(&h, raw.data(), sizeof h);
+  peer = -1;
+  if (h.magic != kHelloMagic || h.version != kVersion) return verdict_code::bad_version;
+  if (!same_token({h.token, kTokenBytes}, token)) return verdict_code::bad_token;
+  if (h.size != std::uint32_t(my_size) || h.rank >= std::uint32_t(my_size) || int(h.rank) <= my_rank)
+    return verdict_code::bad_rank;
+  peer = int(h.rank);
+  return verdict_code::admitted;
+}
+
+/// The verdict a connecting rank reads back: nullopt when the bytes are not a verdict at all.
+inline std::optional<verdict_code> parse_verdict(std::span<const std::byte, sizeof(verdict)> raw) {
+  verdict v;
+  std::memcpy(&v, raw.data(), sizeof v);
+  if (v.magic != kVerdictMagic || v.code > std::uint32_t(verdict_code::bad_version)) return std::nullopt;
+  return verdict_code(v.code);
+}
+
+// ---- message header ---------------------------------------------------------------------------
+
+enum class msg_kind : std::uint32_t { data = 1, bye = 2, abort = 3 };
+
+struct msg_header {
+  std::uint32_t magic = kMsgMagic;
+  std::uint32_t kind = std::uint32_t(msg_kind::data);
+  std::uint64_t bytes = 0;
+  call_signature sig;
+};
+static_assert(sizeof(msg_header) == 128);
+
+/// A header after parse_header(): the fields are safe to use (strings terminated, sizes bounded
+/// where the kind bounds them).
+struct parsed_header {
+  msg_kind kind = msg_kind::data;
+  std::uint64_t bytes = 0;
+  call_signature sig;
+};
+
+/// Parses a message header. nullopt with `why` set when it is not a valid header.
+inline std::optional<parsed_header> parse_header(std::span<const std::byte, sizeof(msg_header)> raw, std::string& why) {
+  msg_header h;
+  std::memcpy(&h, raw.data(), sizeof h);
+  if (h.magic != kMsgMagic) {
+    why = "not a collx message (bad magic)";
+    return std::nullopt;
+  }
+  if (h.kind < 1 || h.kind > 3) {
+    why = "unknown message kind " + std::to_string(h.kind);
+    return std::nullopt;
+  }
+  parsed_header p;
+  p.kind = msg_kind(h.kind);
+  p.bytes = h.bytes;
+  if (p.kind == msg_kind::bye && p.bytes != 0) {
+    why = "a farewell with a payload";
+    return std::nullopt;
+  }
+  if (p.kind == msg_kind::abort && p.bytes > kMaxAbortReason) {
+    why = "an abort reason of " + std::to_string(p.bytes) + " B (at most " + std::to_string(kMaxAbortReason) + ")";
+    return std::nullopt;
+  }
+  p.sig = h.sig;
+  // Names are fixed arrays: terminate them, so describe() and strncmp never read past them.
+  p.sig.collective[sizeof p.sig.collective - 1] = 0;
+  p.sig.policy[sizeof p.sig.policy - 1] = 0;
+  p.sig.op[sizeof p.sig.op - 1] = 0;
+  return p;
+}
+
+// ---- store protocol ---------------------------------------------------------------------------
+
+enum class store_op : std::uint8_t { auth = 1, set = 2, get = 3, add = 4 };
+enum class store_status : std::uint32_t { ok = 0, denied = 1, bad_request = 2 };
+
+inline constexpr std::size_t kMaxKey = 256;
+inline constexpr std::size_t kMaxValue = 4096;
+
+struct store_req_header {
+  std::uint32_t magic = kStoreReqMagic;
+  std::uint8_t op = 0;
+  std::uint8_t pad[3] = {};
+  std::uint32_t key_len = 0;
+  std::uint32_t value_len = 0;
+};
+static_assert(sizeof(store_req_header) == 16);
+
+struct store_rep_header {
+  std::uint32_t magic = kStoreRepMagic;
+  std::uint32_t status = 0;
+  std::uint32_t value_len = 0;
+  std::uint32_t pad = 0;
+};
+static_assert(sizeof(store_rep_header) == 16);
+
+struct store_request {
+  store_op op = store_op::get;
+  std::string key, value;
+};
+
+/// Result of parsing the front of a byte stream: a whole request (and how many bytes it took),
+/// a need for more bytes, or garbage (the connection is then dropped).
+struct store_parse {
+  enum class status { need_more, ok, bad } st = status::need_more;
+  std::size_t consumed = 0;
+  store_request req;
+  std::string why;
+};
+
+inline store_parse parse_store_request(std::span<const std::byte> in) {
+  store_parse r;
+  if (in.size() < sizeof(store_req_header)) return r;
+  store_req_header h;
+  std::memcpy(&h, in.data(), sizeof h);
+  auto bad = [&](std::string why) {
+    r.st = store_parse::status::bad;
+    r.why = std::move(why);
+    return r;
+  };
+  if (h.magic != kStoreReqMagic) return bad("not a collx store request (bad magic)");
+  if (h.op < 1 || h.op > 4) return bad("unknown store operation " + std::to_string(h.op));
+  if (h.key_len == 0 || h.key_len > kMaxKey) return bad("key of " + std::to_string(h.key_len) + " B (1.." + std::to_string(kMaxKey) + ")");
+  if (h.value_len > kMaxValue) return bad("value of " + std::to_string(h.value_len) + " B (at most " + std::to_string(kMaxValue) + ")");
+  if (store_op(h.op) == store_op::add && h.value_len != 8) return bad("add takes an 8-byte increment");
+  const std::size_t need = sizeof h + std::size_t(h.key_len) + std::size_t(h.value_len);
+  if (in.size() < need) return r;
+  r.st = store_parse::status::ok;
+  r.consumed = need;
+  r.req.op = store_op(h.op);
+  const char* p = reinterpret_cast<const char*>(in.data()) + sizeof h;
+  r.req.key.assign(p, h.key_len);
+  r.req.value.assign(p + h.key_len, h.value_len);
+  return r;
+}
+
+inline std::string encode_store_request(store_op op, std::string_view key, std::string_view value) {
+  store_req_header h;
+  h.op = std::uint8_t(op);
+  h.key_len = std::uint32_t(key.size());
+  h.value_len = std::uint32_t(value.size());
+  std::string s(sizeof h, '\0');
+  std::memcpy(s.data(), &h, sizeof h);
+  s.append(key);
+  s.append(value);
+  return s;
+}
+
+inline std::string encode_store_reply(store_status st, std::string_view value) {
+  store_rep_header h;
+  h.status = std::uint32_t(st);
+  h.value_len = std::uint32_t(value.size());
+  std::string s(sizeof h, '\0');
+  std::memcpy(s.data(), &h, sizeof h);
+  s.append(value);
+  return s;
+}
+
+/// Checks a reply header: nullopt when it is not one (or announces more than kMaxValue bytes).
+inline std::optional<store_rep_header> parse_store_reply(std::span<const std::byte, sizeof(store_rep_header)> raw) {
+  store_rep_header h;
+  std::memcpy(&h, raw.data(), sizeof h);
+  if (h.magic != kStoreRepMagic || h.status > 2 || h.value_len > kMaxValue) return std::nullopt;
+  return h;
+}
+
+}  // namespace collx::transport::tcp_wire
