@@ -1,0 +1,40 @@
+// A rank of a job started by a launcher: mpirun, srun or torchrun sets the environment, and
+// transport::shm::from_env() or transport::tcp::from_env() reads who this process is, which
+// job it belongs to and (tcp) where the job's rendezvous is.
+//
+//   mpirun -np 4 ./from_env                       # shared memory (one host)
+//   mpirun -np 4 -x MASTER_ADDR=host0 -x MASTER_PORT=29500 ./from_env tcp
+//   RANK=0 WORLD_SIZE=2 MASTER_ADDR=localhost MASTER_PORT=29500 ./from_env tcp &
+//   RANK=1 WORLD_SIZE=2 MASTER_ADDR=localhost MASTER_PORT=29500 ./from_env tcp
+#include <collx/collx.hpp>
+
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+int main(int argc, char** argv) {
+  const bool tcp = argc > 1 && std::strcmp(argv[1], "tcp") == 0;
+  try {
+    const collx::launch_info who = collx::launch_info_from_env();
+    // One instantiation of the collectives serves both transports (transport::any).
+    collx::communicator<collx::transport::any> comm{tcp ? collx::transport::any{collx::transport::tcp::from_env()}
+                                                        : collx::transport::any{collx::transport::shm::from_env()}};
+    // Every rank contributes its rank number; the sum is n(n-1)/2 everywhere.
+    std::vector<long> v(1'000'003, comm.rank());
+    collx::all_reduce(comm, std::span{v}, collx::ops::sum{});
+    const long want = long(comm.size()) * (comm.size() - 1) / 2;
+    std::size_t bad = 0;
+    for (long x : v) bad += x != want;
+    std::vector<long> ranks(std::size_t(comm.size()));
+    const long me = comm.rank();
+    collx::all_gather(comm, std::span<const long>{&me, 1}, std::span{ranks});
+    for (int i = 0; i < comm.size(); ++i) bad += ranks[std::size_t(i)] != i;
+    std::printf("rank %d of %d (launcher %s, job %s, %s): all_reduce and all_gather %s\n", comm.rank(), comm.size(),
+                who.launcher.c_str(), who.job.c_str(), comm.transport().kind(), bad ? "WRONG" : "ok");
+    comm.transport().leave();
+    return bad ? 1 : 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "from_env: %s\n", e.what());
+    return 2;
+  }
+}
