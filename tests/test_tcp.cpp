@@ -9,7 +9,10 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <fcntl.h>
+
 #include <filesystem>
+#include <fstream>
 #include <numeric>
 #include <thread>
 
@@ -284,4 +287,192 @@ TEST_CASE("over tcp: a rank stopped mid-message, or late, runs its peers into th
       CHECK_THAT(e.what(), Contains("waiting for rank 2"));
     }
   }
+}
+
+namespace {
+/// Captures what this process writes to stderr (fd 2) while alive.
+struct stderr_capture {
+  int saved = dup(2);
+  std::string path = "/tmp/collx-stderr-" + std::to_string(getpid());
+  stderr_capture() {
+    const int f = ::open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
+    dup2(f, 2);
+    close(f);
+  }
+  std::string text() const {
+    std::ifstream i(path);
+    return std::string((std::istreambuf_iterator<char>(i)), std::istreambuf_iterator<char>());
+  }
+  ~stderr_capture() {
+    dup2(saved, 2);
+    close(saved);
+    std::remove(path.c_str());
+  }
+};
+
+/// Connects to rank `r`'s published address in a file store, as anyone who can read it could.
+net::fd connect_to_rank(const std::string& dir, const std::string& job, int r) {
+  collx::transport::file_store st(dir);
+  const auto v = st.get(job + "/addr/" + std::to_string(r), net::clock::now() + 10s);
+  REQUIRE(v);
+  std::string why;
+  net::fd s = net::connect_until(net::parse_host_port(v->substr(0, v->find(' '))), net::clock::now() + 10s, why);
+  REQUIRE(s);
+  return s;
+}
+
+collx::transport::tcp_wire::hello make_hello(int rank, int size, const std::string& token) {
+  collx::transport::tcp_wire::hello h;
+  h.rank = std::uint32_t(rank);
+  h.size = std::uint32_t(size);
+  std::memcpy(h.token, token.data(), std::min(token.size(), sizeof h.token));
+  return h;
+}
+
+/// Sends a hello (or anything of its size) and returns the verdict's code, or -1 if the
+/// connection closed without one.
+int verdict_for(net::fd& s, const void* hello_bytes) {
+  const auto dl = net::clock::now() + 10s;
+  REQUIRE(net::write_all(s.get(), hello_bytes, sizeof(collx::transport::tcp_wire::hello), dl) == net::io::ok);
+  collx::transport::tcp_wire::verdict v;
+  if (net::read_exact(s.get(), &v, sizeof v, dl) != net::io::ok) return -1;
+  return int(v.code);
+}
+}  // namespace
+
+TEST_CASE("over tcp: strangers are refused and logged, and the job runs as if they never came", "[tcp][security]") {
+  temp_dir d;
+  stderr_capture cap;
+  collx::transport::tcp_config cfg;
+  cfg.store_path = d.path;
+  cfg.token = "the-job-token";
+  cfg.rendezvous_timeout = 20s;
+  std::string err0, err1;
+  std::vector<int> got0, got1;
+  auto rank = [&](int r, std::string& err, std::vector<int>& got) {
+    try {
+      collx::communicator<collx::transport::tcp> comm{collx::transport::tcp("guarded", r, 2, cfg)};
+      got.assign(100, r + 1);
+      collx::all_reduce(comm, std::span{got}, collx::ops::sum{});
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+  };
+  std::thread r0(rank, 0, std::ref(err0), std::ref(got0));
+  {
+    net::fd s = connect_to_rank(d.path, "guarded", 0);
+    const auto h = make_hello(1, 2, "a-guess");
+    CHECK(verdict_for(s, &h) == int(collx::transport::tcp_wire::verdict_code::bad_token));
+  }
+  {
+    net::fd s = connect_to_rank(d.path, "guarded", 0);
+    std::vector<unsigned char> junk(sizeof(collx::transport::tcp_wire::hello), 0xab);
+    CHECK(verdict_for(s, junk.data()) == int(collx::transport::tcp_wire::verdict_code::bad_version));
+  }
+  {
+    net::fd s = connect_to_rank(d.path, "guarded", 0);
+    const auto h = make_hello(7, 2, "the-job-token");  // the right token, a rank that does not exist
+    CHECK(verdict_for(s, &h) == int(collx::transport::tcp_wire::verdict_code::bad_rank));
+  }
+  { net::fd s = connect_to_rank(d.path, "guarded", 0); }  // connects and leaves without a word
+  std::thread r1(rank, 1, std::ref(err1), std::ref(got1));
+  r0.join();
+  r1.join();
+  CHECK(err0 == "");
+  CHECK(err1 == "");
+  CHECK(got0 == std::vector<int>(100, 3));
+  CHECK(got1 == std::vector<int>(100, 3));
+  const std::string log = cap.text();
+  CHECK_THAT(log, Contains("refused a connection from 127.0.0.1") && Contains("wrong job token"));
+  CHECK_THAT(log, Contains("not a collx peer"));
+  CHECK_THAT(log, Contains("rank out of range"));
+  CHECK_THAT(log, Contains("closed before its hello"));
+}
+
+TEST_CASE("over tcp: garbage from an admitted peer is an error naming it, never a crash or a huge allocation", "[tcp][security]") {
+  using namespace collx::transport;
+  for (int variant = 0; variant < 3; ++variant) {
+    CAPTURE(variant);
+    temp_dir d;
+    tcp_config cfg;
+    cfg.store_path = d.path;
+    cfg.token = "tok";
+    std::string err;
+    int code = 0;
+    std::thread r0([&] {
+      try {
+        collx::options o;
+        o.timeout = 10s;
+        collx::communicator<tcp> comm{tcp("garbage", 0, 2, cfg), o};
+        std::vector<float> v(1000, 1.0f);
+        collx::all_reduce(comm, std::span{v}, collx::ops::sum{}, algo::ring{});
+      } catch (const collx::error& e) {
+        err = e.what();
+        code = e.code().value();
+      }
+    });
+    // A fake rank 1: publishes an address, connects with the right token, then sends junk.
+    auto [l, at] = net::listen_on(net::resolve("127.0.0.1", 0));
+    file_store st(d.path);
+    st.set("garbage/addr/1", at.str() + " elsewhere 0,");
+    net::fd s = connect_to_rank(d.path, "garbage", 0);
+    const auto h = make_hello(1, 2, "tok");
+    REQUIRE(verdict_for(s, &h) == 0);
+    tcp_wire::msg_header m;
+    if (variant == 0) m.magic = 0xabababab;                    // no magic
+    if (variant == 1) m.kind = 99;                                            // unknown kind
+    if (variant == 2) { m.kind = std::uint32_t(tcp_wire::msg_kind::abort); m.bytes = std::uint64_t(1) << 60; }  // a huge reason
+    REQUIRE(net::write_all(s.get(), &m, sizeof m, net::clock::now() + 5s) == net::io::ok);
+    r0.join();
+    CHECK(code == int(collx::errc::transport_error));
+    CHECK_THAT(err, Contains("garbage on the connection from rank 1"));
+  }
+}
+
+TEST_CASE("over tcp: the rendezvous store refuses clients without the job's token, and garbage", "[tcp][security]") {
+  using namespace collx::transport;
+  auto [l, at] = net::listen_on(net::resolve("127.0.0.1", 0));
+  stderr_capture cap;
+  tcp_config cfg;
+  cfg.master_addr = "127.0.0.1";
+  cfg.master_port = at.port();
+  cfg.token = "store-secret";
+  std::string err0, err1;
+  std::vector<int> got0, got1;
+  auto rank = [&](int r, std::string& err, std::vector<int>& got) {
+    try {
+      tcp_config c = cfg;
+      if (r == 0) c.serve_store_fd = dup(l.get());
+      collx::communicator<tcp> comm{tcp("stored", r, 2, c)};
+      got.assign(10, r + 1);
+      collx::all_reduce(comm, std::span{got}, collx::ops::sum{});
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+  };
+  std::thread r0(rank, 0, std::ref(err0), std::ref(got0));
+  auto dl = [] { return net::clock::now() + 10s; };
+  auto reply_to = [&](const std::string& bytes) -> int {  // the reply's status, or -1: dropped
+    std::string why;
+    net::fd s = net::connect_until(at, dl(), why);
+    REQUIRE(s);
+    REQUIRE(net::write_all(s.get(), bytes.data(), bytes.size(), dl()) == net::io::ok);
+    tcp_wire::store_rep_header h;
+    if (net::read_exact(s.get(), &h, sizeof h, dl()) != net::io::ok) return -1;
+    return int(h.status);
+  };
+  CHECK(reply_to(std::string(64, 'x')) == -1);  // garbage: dropped
+  CHECK(reply_to(tcp_wire::encode_store_request(tcp_wire::store_op::get, "stored/token", "")) == 1);  // no token: denied
+  CHECK(reply_to(tcp_wire::encode_store_request(tcp_wire::store_op::auth, "auth", "guess")) == 1);
+  std::string huge = tcp_wire::encode_store_request(tcp_wire::store_op::set, "k", "v");
+  const std::uint32_t big = 0x7fffffff;
+  std::memcpy(huge.data() + 12, &big, sizeof big);  // announces a 2 GiB value
+  CHECK(reply_to(huge) == -1);
+  std::thread r1(rank, 1, std::ref(err1), std::ref(got1));
+  r0.join();
+  r1.join();
+  CHECK(err0 == "");
+  CHECK(err1 == "");
+  CHECK(got0 == std::vector<int>(10, 3));
+  CHECK_THAT(cap.text(), Contains("tcp store: refused") && Contains("no job token presented") && Contains("wrong job token"));
 }

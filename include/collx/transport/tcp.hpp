@@ -493,18 +493,16 @@ class tcp {
 
     peers_.clear();
     peers_.resize(std::size_t(n_));
-    // Addresses of every peer (also to learn which share this host).
+    // Addresses: of the lower ranks first, to connect to them; those of the higher ranks are
+    // in the store by the time they have connected here (each publishes before it connects),
+    // and tell which ranks share this host (and its cores).
     std::vector<net::address> addr(static_cast<std::size_t>(n_));
-    cpu_set_t host_cores;
-    CPU_ZERO(&host_cores);
-    CPU_OR(&host_cores, &host_cores, &mine);
-    int on_host = 1;
-    for (int q = 0; q < n_; ++q) {
-      if (q == rank_) continue;
+    std::vector<std::string> published(static_cast<std::size_t>(n_));
+    auto fetch = [&](int q) {
       auto v = st->get(key("addr/" + std::to_string(q)), deadline);
       if (!v) {
         std::string missing;
-        for (int x = q; x < n_; ++x)
+        for (int x = 0; x < n_; ++x)
           if (x != rank_ && !st->get(key("addr/" + std::to_string(x)), net::clock::now()))
             missing += (missing.empty() ? "" : ", ") + std::to_string(x);
         throw error(errc::timeout, "tcp: rendezvous of job \"" + job_ + "\" timed out at rank " + std::to_string(rank_) +
@@ -512,26 +510,36 @@ class tcp {
                                        " (not started, or started for another job or size?)");
       }
       const std::string& s = *v;
-      const auto sp1 = s.find(' '), sp2 = s.find(' ', sp1 == std::string::npos ? 0 : sp1 + 1);
-      if (sp1 == std::string::npos || sp2 == std::string::npos)
+      const auto sp1 = s.find(' ');
+      if (sp1 == std::string::npos || s.find(' ', sp1 + 1) == std::string::npos)
         throw error(errc::transport_error, "tcp: rank " + std::to_string(q) + " published a malformed address \"" + s + "\"");
       addr[std::size_t(q)] = net::parse_host_port(s.substr(0, sp1));
       peers_[std::size_t(q)].where = s.substr(0, sp1);
-      if (s.substr(sp1 + 1, sp2 - sp1 - 1) == me_host) {
-        ++on_host;
-        std::size_t i = sp2 + 1;
-        while (i < s.size()) {
-          const std::size_t j = s.find(',', i);
-          if (j == std::string::npos) break;
-          const int c = std::atoi(s.substr(i, j - i).c_str());
-          if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &host_cores);
-          i = j + 1;
-        }
+      published[std::size_t(q)] = s;
+    };
+    for (int q = 0; q < rank_; ++q) fetch(q);
+    connect_mesh(listener, addr, tok, deadline);
+    for (int q = rank_ + 1; q < n_; ++q) fetch(q);
+    cpu_set_t host_cores;
+    CPU_ZERO(&host_cores);
+    CPU_OR(&host_cores, &host_cores, &mine);
+    int on_host = 1;
+    for (int q = 0; q < n_; ++q) {
+      const std::string& s = published[std::size_t(q)];
+      if (q == rank_) continue;
+      const auto sp1 = s.find(' '), sp2 = s.find(' ', sp1 + 1);
+      if (s.substr(sp1 + 1, sp2 - sp1 - 1) != me_host) continue;
+      ++on_host;
+      std::size_t i = sp2 + 1;
+      while (i < s.size()) {
+        const std::size_t j = s.find(',', i);
+        if (j == std::string::npos) break;
+        const int c = std::atoi(s.substr(i, j - i).c_str());
+        if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &host_cores);
+        i = j + 1;
       }
     }
     crowded_ = on_host > std::max(1, CPU_COUNT(&host_cores));
-
-    connect_mesh(listener, addr, tok, deadline);
 
     // Rank 0's store must outlive every rank's use of it: each counts itself done, and rank 0
     // waits for all of them before its server goes.
