@@ -3,7 +3,8 @@
 #   ./run.sh demo   builds collx-perf and runs real collectives on 8 ranks, every policy: as
 #                   threads, then as processes over shared memory
 #   ./run.sh test   builds and runs the whole test suite: release, then AddressSanitizer+UBSan,
-#                   then ThreadSanitizer (the threaded-transport subset)
+#                   then ThreadSanitizer (the threaded-transport subset), then the libFuzzer
+#                   targets (tcp's wire format and rendezvous store) for a bounded time each
 # On a fresh Debian 12 machine, run as root: missing Debian packages are installed first.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
@@ -38,7 +39,7 @@ case "${1:-}" in
     ./build-demo/bench/collx-perf --demo --transport shm    # ranks as processes over shared memory
     ;;
   test)
-    need "${base_pkgs[@]}" catch2 libbenchmark-dev openmpi-bin libopenmpi-dev
+    need "${base_pkgs[@]}" catch2 libbenchmark-dev openmpi-bin libopenmpi-dev clang libclang-rt-14-dev iproute2
     echo "== release build: the whole suite"
     configure build -DCMAKE_BUILD_TYPE=Release
     cmake --build build -j "$jobs"
@@ -53,6 +54,10 @@ case "${1:-}" in
       -DCOLLX_BUILD_BENCH=OFF -DCOLLX_BUILD_EXAMPLES=OFF
     cmake --build build-tsan -j "$jobs"
     TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan -j "$jobs" --output-on-failure
+    echo "== libFuzzer: tcp's wire format and rendezvous store, ${COLLX_FUZZ_SECONDS:-30} s each"
+    configure build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DCOLLX_FUZZ=ON -DCOLLX_FUZZ_SECONDS="${COLLX_FUZZ_SECONDS:-30}"
+    cmake --build build-fuzz -j "$jobs"
+    ctest --test-dir build-fuzz -j "$jobs" --output-on-failure
     ;;
   *)
     echo "usage: ./run.sh demo | test" >&2

@@ -1,0 +1,43 @@
+// libFuzzer target: random bytes as the frames a tcp rank reads from a peer (message header,
+// hello, verdict, store reply). Every parser must reject or accept without reading out of
+// bounds, and what it accepts must be safe to use: names terminated, sizes within the limits.
+#include <collx/transport/tcp/wire.hpp>
+
+#include <cstdlib>
+#include <cstring>
+
+namespace w = collx::transport::tcp_wire;
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  const auto* b = reinterpret_cast<const std::byte*>(data);
+  if (size >= sizeof(w::msg_header)) {
+    std::string why;
+    if (auto h = w::parse_header(std::span<const std::byte, sizeof(w::msg_header)>(b, sizeof(w::msg_header)), why)) {
+      // Accepted: the signature can be printed (bounded names) and the sizes obey the kind.
+      const std::string d = h->sig.describe();
+      if (d.empty()) std::abort();
+      if (h->kind == w::msg_kind::abort && h->bytes > w::kMaxAbortReason) std::abort();
+      if (h->kind == w::msg_kind::bye && h->bytes != 0) std::abort();
+      collx::call_info me;
+      try {
+        me.check_match(1, h->sig, std::size_t(h->bytes), 64);
+      } catch (const collx::error&) {
+      }
+    } else if (why.empty()) {
+      std::abort();  // a refusal always says why
+    }
+  }
+  if (size >= sizeof(w::hello)) {
+    int peer = -2;
+    const std::byte token[w::kTokenBytes] = {};
+    const auto v = w::check_hello(std::span<const std::byte, sizeof(w::hello)>(b, sizeof(w::hello)), 0, 4, token, peer);
+    if (v == w::verdict_code::admitted && (peer < 1 || peer > 3)) std::abort();
+    if (v != w::verdict_code::admitted && peer != -1) std::abort();
+  }
+  if (size >= sizeof(w::verdict)) (void)w::parse_verdict(std::span<const std::byte, sizeof(w::verdict)>(b, sizeof(w::verdict)));
+  if (size >= sizeof(w::store_rep_header)) {
+    if (auto r = w::parse_store_reply(std::span<const std::byte, sizeof(w::store_rep_header)>(b, sizeof(w::store_rep_header))))
+      if (r->value_len > w::kMaxValue) std::abort();
+  }
+  return 0;
+}
