@@ -338,7 +338,11 @@ struct row {
   std::vector<std::size_t> wrong;  // per rank
 };
 
-/// The transport every run uses: "threads" or "shm" (set once from --transport).
+inline const char* transport_words(const std::string& t) {
+  return t == "shm" ? "processes over shared memory" : t == "tcp" ? "processes over tcp (127.0.0.1)" : "threads of this process";
+}
+
+/// The transport every run uses: "threads", "shm" or "tcp" (set once from --transport).
 std::string g_transport = "threads";
 
 /// What ranks report back: in memory shared with forked ranks (MAP_SHARED | MAP_ANONYMOUS), so
@@ -361,6 +365,7 @@ report& shared_report() {
 /// (transport::any) and a rank's body is a std::function.
 void launch(int n, const std::function<void(comm_t&)>& body) {
   if (g_transport == "shm") collx::launch_processes<collx::transport::as_any>(n, body);
+  else if (g_transport == "tcp") collx::launch_processes<collx::transport::as_any>(n, body, collx::options{}, collx::transport::tcp_config{});
   else collx::launch_threads<collx::transport::as_any>(n, body);
 }
 
@@ -474,7 +479,7 @@ struct sweep_info {
 /// The size sweep and its printing: not a template, so it is compiled once.
 void sweep(const config& cfg, const sweep_info& si, totals& tot) {
   std::printf("# collx-perf  %s  transport: %s  ranks: %d (%s)\n", si.coll, cfg.transport.c_str(), cfg.ranks,
-              cfg.transport == "shm" ? "processes over shared memory" : "threads of this process");
+              transport_words(cfg.transport));
   if (cfg.factor > 1)
     std::printf("# minBytes %zu maxBytes %zu step: %zu(factor) warmup iters: %d iters: %d validation: %d\n",
                 cfg.minbytes, cfg.maxbytes, cfg.factor, cfg.warmup, cfg.iters, int(cfg.check));
@@ -585,7 +590,7 @@ void run_demo(config cfg, totals& tot) {
   cfg.check = true;
   std::printf("# collx-perf --demo: five collectives on %d %s, every policy, %zu B .. %zu B (x%zu),\n"
               "# %d timed calls after %d warm-up calls per size, dtype %s, redop %s.\n#\n",
-              cfg.ranks, cfg.transport == "shm" ? "processes (transport::shm)" : "thread-ranks (transport::inproc)",
+              cfg.ranks, cfg.transport == "shm" ? "processes (transport::shm)" : cfg.transport == "tcp" ? "processes (transport::tcp, loopback)" : "thread-ranks (transport::inproc)",
               cfg.minbytes, cfg.maxbytes, cfg.factor, cfg.iters, cfg.warmup, cfg.dtype.c_str(), cfg.redop.c_str());
   for_each(list<all_reduce_c, reduce_scatter_c, all_gather_c, broadcast_c, all_to_all_c>{},
            [&]<class C>(std::type_identity<C>) {
@@ -600,7 +605,7 @@ void run_demo(config cfg, totals& tot) {
 // ---- command line ---------------------------------------------------------------------------
 void usage(std::FILE* f) {
   std::fprintf(f,
-               "usage: collx-perf [flags]   (nccl-tests' flags; ranks are threads, or processes with --transport shm)\n"
+               "usage: collx-perf [flags]   (nccl-tests' flags; ranks are threads, or processes with --transport shm|tcp)\n"
                "  -np, --nranks N            ranks (default 8)\n"
                "  --op COLL                  %s (default all_reduce)\n"
                "  --algo POLICY              %s|all (default all: every policy that supports COLL)\n"
@@ -614,8 +619,9 @@ void usage(std::FILE* f) {
                "  -n, --iters N              timed iterations per size (default 20)\n"
                "  -w, --warmup_iters N       untimed iterations before them (default 5)\n"
                "  -c, --check 0|1            check the results against a serial reference (default 1)\n"
-               "  --transport threads|shm    ranks as threads of this process, or as forked processes over\n"
-               "                             POSIX shared memory (transport::shm)\n"
+               "  --transport threads|shm|tcp  ranks as threads of this process, or as forked processes over\n"
+               "                             POSIX shared memory (transport::shm) or TCP on 127.0.0.1\n"
+               "                             (transport::tcp, rank 0 serving the rendezvous store)\n"
                "  --demo                     a guided tour: five collectives, 8 ranks, all policies\n"
                "  -h, --help                 this text\n"
                "Exit status: 0, or 1 when any #wrong > 0, 2 for bad flags, 3 when a collective fails.\n",
@@ -668,10 +674,10 @@ config parse(int argc, char** argv) {
   }
   if (!factor_given) cfg.factor = 1;
   if (cfg.factor <= 1 && cfg.stepbytes == 0) throw usage_error("-i 0 without -f would repeat one size forever");
-  if (cfg.transport != "threads" && cfg.transport != "shm")
+  if (cfg.transport != "threads" && cfg.transport != "shm" && cfg.transport != "tcp")
     throw usage_error("--transport '" + cfg.transport +
-                      "' is not available: 'threads' (ranks as threads of this process) or 'shm' (forked processes "
-                      "over shared memory)");
+                      "' is not available: 'threads' (ranks as threads of this process), 'shm' (forked processes "
+                      "over shared memory) or 'tcp' (forked processes over loopback sockets)");
   g_transport = cfg.transport;
   if (cfg.minbytes > cfg.maxbytes)
     throw usage_error("-b (" + std::to_string(cfg.minbytes) + ") is larger than -e (" + std::to_string(cfg.maxbytes) + ")");

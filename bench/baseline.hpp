@@ -1,0 +1,294 @@
+#pragma once
+// What the baseline drivers (mpi-perf, gloo-perf) share: collx-perf's flags, shapes, check
+// values, columns and sweep, so their rows compare line by line with collx-perf's. A driver
+// supplies a backend (see run_size) that calls its library. Conventions, as in collx-perf:
+//   size    bytes of the largest buffer a rank passes: the buffer of all_reduce and broadcast; the n·k
+//           input of reduce_scatter, the n·k output of all_gather, the n·k send buffer of all_to_all
+//           (rounded down to whole elements, and to a multiple of n elements where split in n blocks).
+//   count   all elements for all_reduce/broadcast; k per rank for reduce_scatter/all_gather; k per peer
+//           for all_to_all.
+//   time    average per call (us), measured on rank 0 between two barriers around the timed loop,
+//           after -w warm-up calls.
+//   algbw   size / time in GB/s (1e9); busbw = algbw × 2(n-1)/n (all_reduce), (n-1)/n (reduce_scatter,
+//           all_gather, all_to_all), 1 (broadcast).
+//   #wrong  after the timed loop, one more call on small-integer inputs (exact in any order of
+//           summation), compared with a serial reference on every rank; summed over ranks.
+// Only float and sum: the baselines are for collx-perf's default dtype and op. Buffers are
+// allocated once per size and written before the first call so page faults are not timed.
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cli.hpp"
+
+namespace baseline {
+
+using bench_cli::parse_int;
+using bench_cli::parse_size;
+using bench_cli::usage_error;
+
+
+struct config {
+  std::size_t minbytes = 32 << 20, maxbytes = 32 << 20;  // nccl-tests' defaults, as collx-perf
+  std::size_t factor = 1, stepbytes = 1 << 20;
+  int iters = 20, warmup = 5;
+  bool check = true;
+  int root = 0;
+  std::string op = "all_reduce", dtype = "float", redop = "sum";
+  std::string algo;  // drivers with several algorithms (gloo-perf): which one, or "all"
+  int ranks = 0;     // drivers that start their own ranks (gloo-perf): -np
+  bool help = false;
+};
+
+enum class coll { all_reduce, reduce_scatter, all_gather, broadcast, all_to_all };
+
+struct coll_info {
+  coll c;
+  const char* name;
+  const char* bus;
+  bool reduces, rooted;
+};
+
+constexpr coll_info kColls[] = {
+    {coll::all_reduce, "all_reduce", "2(n-1)/n", true, false},
+    {coll::reduce_scatter, "reduce_scatter", "(n-1)/n", true, false},
+    {coll::all_gather, "all_gather", "(n-1)/n", false, false},
+    {coll::broadcast, "broadcast", "1", false, true},
+    {coll::all_to_all, "all_to_all", "(n-1)/n", false, false},
+};
+
+inline double bus_factor(coll c, int n) {
+  switch (c) {
+    case coll::all_reduce: return 2.0 * (n - 1) / n;
+    case coll::broadcast: return 1.0;
+    default: return double(n - 1) / n;
+  }
+}
+
+/// One call's buffer sizes in elements, and the row's size and count columns (as collx-perf's shape).
+struct shape {
+  std::size_t bytes = 0, count = 0, in = 0, out = 0, k = 0;
+};
+
+inline shape make_shape(coll c, std::size_t bytes, int n) {
+  const std::size_t es = sizeof(float), un = std::size_t(n);
+  switch (c) {
+    case coll::all_reduce: {
+      const std::size_t e = bytes / es;
+      return {e * es, e, e, e, 0};
+    }
+    case coll::broadcast: {
+      const std::size_t e = bytes / es;
+      return {e * es, e, 0, e, 0};
+    }
+    case coll::reduce_scatter: {
+      const std::size_t k = bytes / es / un, t = k * un;
+      return {t * es, k, t, k, k};
+    }
+    case coll::all_gather: {
+      const std::size_t k = bytes / es / un, t = k * un;
+      return {t * es, k, k, t, k};
+    }
+    case coll::all_to_all: {
+      const std::size_t k = bytes / es / un, t = k * un;
+      return {t * es, k, t, t, k};
+    }
+  }
+  return {};
+}
+
+// Inputs of the check, as collx-perf's pattern for float: sum takes (i + 3r) mod 16 (sums of at
+// most 16·n small integers are exact in float), collectives that move take (5i + 11r) mod 251 - 125.
+inline float sum_value(int r, std::size_t i) { return float(long((i + 3 * std::size_t(r)) % 16)); }
+inline float move_value(int r, std::size_t i) { return float(long((i * 5 + std::size_t(r) * 11) % 251) - 125); }
+constexpr float kPoison = -1000.0f;  // no check input gives it
+
+/// The value rank r's output element j must hold after one call.
+inline float expect(coll c, const shape& sh, int n, int r, int root, std::size_t j) {
+  switch (c) {
+    case coll::all_reduce:
+    case coll::reduce_scatter: {
+      const std::size_t i = c == coll::all_reduce ? j : std::size_t(r) * sh.k + j;
+      float acc = sum_value(0, i);
+      for (int q = 1; q < n; ++q) acc += sum_value(q, i);
+      return acc;
+    }
+    case coll::all_gather: return move_value(int(j / sh.k), j % sh.k);
+    case coll::broadcast: return move_value(root, j);
+    case coll::all_to_all: return move_value(int(j / sh.k), std::size_t(r) * sh.k + j % sh.k);
+  }
+  return 0;
+}
+
+struct row {
+  shape sh;
+  double us = 0;
+  unsigned long long wrong = 0;  // summed over ranks (valid on rank 0)
+};
+
+/// B (a driver's backend) supplies: invoke(coll, in, out, shape, root), barrier(),
+/// sum_to_root(unsigned long long) (the total on rank 0), and algo() (the algo column).
+template <class B>
+row run_size(B& be, const config& cfg, const coll_info& ci, std::size_t bytes, int rank, int n) {
+  row res;
+  res.sh = make_shape(ci.c, bytes, n);
+  const shape& sh = res.sh;
+  const int root = ci.rooted ? cfg.root : -1;
+  auto value = [&](int r, std::size_t i) { return ci.reduces ? sum_value(r, i) : move_value(r, i); };
+
+  // Allocated once per size and written (touched) before any call.
+  std::vector<float> in(sh.in), out(sh.out);
+  for (std::size_t i = 0; i < in.size(); ++i) in[i] = value(rank, i);
+  if (ci.c == coll::broadcast && rank == root)
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = value(rank, i);
+  else std::fill(out.begin(), out.end(), 0.0f);
+
+  for (int i = 0; i < cfg.warmup; ++i) be.invoke(ci.c, in.data(), out.data(), sh, root);
+  be.barrier();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < cfg.iters; ++i) be.invoke(ci.c, in.data(), out.data(), sh, root);
+  be.barrier();
+  const auto t1 = std::chrono::steady_clock::now();
+  res.us = std::chrono::duration<double, std::micro>(t1 - t0).count() / cfg.iters;
+
+  if (cfg.check) {
+    if (!(ci.c == coll::broadcast && rank == root)) std::fill(out.begin(), out.end(), kPoison);
+    if constexpr (requires { be.before_check(); }) be.before_check();  // in-place drivers start afresh
+    be.invoke(ci.c, in.data(), out.data(), sh, root);
+    unsigned long long bad = 0;
+    for (std::size_t j = 0; j < out.size(); ++j) bad += !(out[j] == expect(ci.c, sh, n, rank, root, j));
+    res.wrong = be.sum_to_root(bad);
+  }
+  return res;
+}
+
+inline std::string format_time(double us) {
+  char b[32];
+  std::snprintf(b, sizeof b, us >= 10000.0 ? "%7.0f" : us >= 100.0 ? "%7.1f" : "%7.2f", us);
+  return b;
+}
+
+inline std::size_t next_size(const config& cfg, std::size_t b) {
+  const std::size_t max = std::numeric_limits<std::size_t>::max();
+  if (cfg.factor > 1) return b == 0 ? 1 : (b > max / cfg.factor ? max : b * cfg.factor);
+  return b > max - cfg.stepbytes ? max : b + cfg.stepbytes;
+}
+
+/// The sweep; prints on rank 0 only. Returns the wrong elements over all sizes (rank 0).
+template <class B>
+unsigned long long sweep(B& be, const config& cfg, const coll_info& ci, int rank, int n) {
+  const double f = bus_factor(ci.c, n);
+  if (rank == 0) {
+    std::printf("# %s  %s  transport: %s  ranks: %d (%s)\n", B::program, ci.name, B::transport, n, B::ranks_are);
+    if (cfg.factor > 1)
+      std::printf("# minBytes %zu maxBytes %zu step: %zu(factor) warmup iters: %d iters: %d validation: %d\n",
+                  cfg.minbytes, cfg.maxbytes, cfg.factor, cfg.warmup, cfg.iters, int(cfg.check));
+    else
+      std::printf("# minBytes %zu maxBytes %zu step: %zu(bytes) warmup iters: %d iters: %d validation: %d\n",
+                  cfg.minbytes, cfg.maxbytes, cfg.stepbytes, cfg.warmup, cfg.iters, int(cfg.check));
+    std::printf("# busbw = algbw x %s = algbw x %.3f at %d ranks\n#\n", ci.bus, f, n);
+    std::printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %s\n", "size", "count", "type", "redop", "root",
+                "time", "algbw", "busbw", "#wrong", "algo");
+    std::printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s\n", "(B)", "(elements)", "", "", "", "(us)", "(GB/s)",
+                "(GB/s)");
+    std::fflush(stdout);
+  }
+  unsigned long long wrong_all = 0;
+  double sum_bw = 0;
+  int rows = 0;
+  for (std::size_t bytes = cfg.minbytes; bytes <= cfg.maxbytes;) {
+    const row rw = run_size(be, cfg, ci, bytes, rank, n);
+    if (rank == 0) {
+      const double sec = rw.us * 1e-6;
+      const double algbw = sec > 0 ? double(rw.sh.bytes) / 1e9 / sec : 0.0;
+      const double busbw = algbw * f;
+      wrong_all += rw.wrong;
+      const std::string wrong_s = cfg.check ? std::to_string(rw.wrong) : "N/A";
+      std::printf("%12zu  %12zu  %8s  %6s  %6d  %7s  %6.2f  %6.2f  %6s  %s\n", rw.sh.bytes, rw.sh.count, "float",
+                  ci.reduces ? "sum" : "none", ci.rooted ? cfg.root : -1, format_time(rw.us).c_str(), algbw, busbw,
+                  wrong_s.c_str(), be.algo());
+      std::fflush(stdout);
+      sum_bw += busbw;
+      ++rows;
+    }
+    const std::size_t nb = next_size(cfg, bytes);
+    if (nb <= bytes) break;
+    bytes = nb;
+  }
+  if (rank == 0) {
+    if (cfg.check) std::printf("# Out of bounds values : %llu %s\n", wrong_all, wrong_all == 0 ? "OK" : "FAILED");
+    std::printf("# Avg bus bandwidth    : %s %.2f\n#\n", be.algo(), rows ? sum_bw / rows : 0.0);
+    std::fflush(stdout);
+  }
+  return wrong_all;
+}
+
+// ---- command line (collx-perf's flags, less what a baseline cannot vary) ---------------------
+/// n: the rank count when the launcher decides it (mpirun), else 0 (read -np).
+inline config parse(int argc, char** argv, int n) {
+  config cfg;
+  bool factor_given = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i], val;
+    bool has_val = false;
+    if (a.rfind("--", 0) == 0) {
+      if (const auto eq = a.find('='); eq != std::string::npos) {
+        val = a.substr(eq + 1);
+        a = a.substr(0, eq);
+        has_val = true;
+      }
+    } else if (a.size() > 2 && a[0] == '-' && a != "-np") {  // -b64M, as getopt allows
+      val = a.substr(2);
+      a = a.substr(0, 2);
+      has_val = true;
+    }
+    auto value = [&]() -> std::string {
+      if (has_val) return val;
+      if (i + 1 >= argc) throw usage_error(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "-h" || a == "--help") cfg.help = true;
+    else if (a == "-b" || a == "--minbytes") cfg.minbytes = parse_size(a, value());
+    else if (a == "-e" || a == "--maxbytes") cfg.maxbytes = parse_size(a, value());
+    else if (a == "-f" || a == "--stepfactor") {
+      cfg.factor = std::size_t(parse_int(a, value(), 1, 1 << 20));
+      factor_given = cfg.factor > 1;
+    } else if (a == "-i" || a == "--stepbytes") cfg.stepbytes = parse_size(a, value());
+    else if (a == "-n" || a == "--iters") cfg.iters = int(parse_int(a, value(), 1, 1 << 30));
+    else if (a == "-w" || a == "--warmup_iters") cfg.warmup = int(parse_int(a, value(), 0, 1 << 30));
+    else if (a == "-c" || a == "--check") cfg.check = parse_int(a, value(), 0, 1 << 30) != 0;
+    else if (a == "-r" || a == "--root") cfg.root = int(parse_int(a, value(), 0, 1 << 30));
+    else if (a == "-d" || a == "--datatype") cfg.dtype = value();
+    else if (a == "-o" || a == "--redop") cfg.redop = value();
+    else if (a == "--op") cfg.op = value();
+    else if (a == "--algo") cfg.algo = value();
+    else if (n == 0 && (a == "-np" || a == "--nranks")) cfg.ranks = int(parse_int(a, value(), 1, 1024));
+    else throw usage_error("unknown flag '" + std::string(argv[i]) + "'");
+  }
+  if (!factor_given) cfg.factor = 1;
+  if (cfg.factor <= 1 && cfg.stepbytes == 0) throw usage_error("-i 0 without -f would repeat one size forever");
+  if (cfg.minbytes > cfg.maxbytes)
+    throw usage_error("-b (" + std::to_string(cfg.minbytes) + ") is larger than -e (" + std::to_string(cfg.maxbytes) + ")");
+  if (n == 0) n = cfg.ranks = cfg.ranks == 0 ? 2 : cfg.ranks;
+  if (cfg.root >= n)
+    throw usage_error("-r " + std::to_string(cfg.root) + " is not a rank of [0, " + std::to_string(n) + ")");
+  if (cfg.dtype != "float") throw usage_error("datatype -d '" + cfg.dtype + "': the baselines measure float only");
+  if (cfg.redop != "sum") throw usage_error("--redop '" + cfg.redop + "': the baselines measure sum only");
+  return cfg;
+}
+
+inline const coll_info* find_coll(const std::string& name) {
+  for (const auto& c : kColls)
+    if (name == c.name) return &c;
+  return nullptr;
+}
+
+}  // namespace baseline
+
