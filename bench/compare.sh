@@ -209,6 +209,14 @@ for n in $NS; do
     done
   done
 done
+# Gloo: the yardstick of one plain TCP stream on loopback, measured in the same run (REPS times).
+stream=""
+if [[ $g && -x $BUILD/tcp-stream ]]; then
+  vals=()
+  for ((rep = 1; rep <= REPS; ++rep)); do vals+=("$("$BUILD/tcp-stream" -s 64M -n 10 | tail -n 1 | awk '{print $1}')"); done
+  stream=$(printf '%s\n' "${vals[@]}" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+  stream="One plain TCP stream on 127.0.0.1 (bench/tcp_stream.cpp, 64 MiB messages from memory, one process per core), measured in this run: median ${stream} GB/s (runs: ${vals[*]})."
+fi
 elapsed=$((SECONDS - t_start))
 
 # ---- tables -----------------------------------------------------------------------------------
@@ -305,6 +313,7 @@ dirty=$(git -C "$root" status --porcelain -- include bench 2>/dev/null | grep -q
 
 echo "# $title: $describe; collx $rev$dirty"
 echo "# $legend"
+[[ -n $stream ]] && echo "# $stream"
 for n in $NS; do
   for coll in $COLLS; do
     echo "## $coll  np=$n"
@@ -325,6 +334,7 @@ if [[ -n $markdown ]]; then
     echo
     echo "$legend"
     echo
+    if [[ -n $stream ]]; then echo "$stream"; echo; fi
     for n in $NS; do
       for coll in $COLLS; do
         echo "## $coll, $n ranks"

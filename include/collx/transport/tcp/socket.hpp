@@ -76,8 +76,14 @@ struct address {
     char host[INET6_ADDRSTRLEN] = "?";
     if (family() == AF_INET) inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in&>(ss).sin_addr, host, sizeof host);
     if (family() == AF_INET6) inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6&>(ss).sin6_addr, host, sizeof host);
-    return family() == AF_INET6 ? "[" + std::string(host) + "]:" + std::to_string(port())
-                                : std::string(host) + ":" + std::to_string(port());
+    std::string s;
+    s.reserve(64);
+    if (family() == AF_INET6) s += '[';
+    s += host;
+    if (family() == AF_INET6) s += ']';
+    s += ':';
+    s += std::to_string(port());
+    return s;
   }
   const sockaddr* sa() const noexcept { return reinterpret_cast<const sockaddr*>(&ss); }
   sockaddr* sa() noexcept { return reinterpret_cast<sockaddr*>(&ss); }
