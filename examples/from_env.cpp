@@ -10,6 +10,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 int main(int argc, char** argv) {
@@ -17,8 +18,14 @@ int main(int argc, char** argv) {
   try {
     const collx::launch_info who = collx::launch_info_from_env();
     // One instantiation of the collectives serves both transports (transport::any).
-    collx::communicator<collx::transport::any> comm{tcp ? collx::transport::any{collx::transport::tcp::from_env()}
-                                                        : collx::transport::any{collx::transport::shm::from_env()}};
+    std::string where;  // tcp: where a peer was found
+    auto make = [&]() -> collx::transport::any {
+      if (!tcp) return collx::transport::shm::from_env();
+      collx::transport::tcp t = collx::transport::tcp::from_env();
+      if (t.size() > 1) where = " (peer at " + t.peer_address(t.rank() == 0 ? 1 : 0) + ")";
+      return t;
+    };
+    collx::communicator<collx::transport::any> comm{make()};
     // Every rank contributes its rank number; the sum is n(n-1)/2 everywhere.
     std::vector<long> v(1'000'003, comm.rank());
     collx::all_reduce(comm, std::span{v}, collx::ops::sum{});
@@ -29,8 +36,8 @@ int main(int argc, char** argv) {
     const long me = comm.rank();
     collx::all_gather(comm, std::span<const long>{&me, 1}, std::span{ranks});
     for (int i = 0; i < comm.size(); ++i) bad += ranks[std::size_t(i)] != i;
-    std::printf("rank %d of %d (launcher %s, job %s, %s): all_reduce and all_gather %s\n", comm.rank(), comm.size(),
-                who.launcher.c_str(), who.job.c_str(), comm.transport().kind(), bad ? "WRONG" : "ok");
+    std::printf("rank %d of %d (launcher %s, job %s, %s): all_reduce and all_gather %s%s\n", comm.rank(), comm.size(),
+                who.launcher.c_str(), who.job.c_str(), comm.transport().kind(), bad ? "WRONG" : "ok", where.c_str());
     comm.transport().leave();
     return bad ? 1 : 0;
   } catch (const std::exception& e) {
