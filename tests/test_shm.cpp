@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "harness.hpp"
+#include "stress.hpp"
 
 using namespace collx_test;
 using namespace std::chrono_literals;
@@ -250,4 +251,11 @@ TEST_CASE("shm::from_env reads torchrun's, mpirun's, srun's and PMI's variables"
   }
   // No launcher at all: a clear error, not a guess.
   CHECK_THROWS_WITH(collx::launch_info_from_env(), Contains("no launcher found"));
+}
+
+TEST_CASE("over shm: hundreds of back-to-back collectives, large among small, stay correct", "[shm][stress]") {
+  for (int n : {2, 5, 8}) {
+    CAPTURE(n);
+    CHECK(collx_test::stress<processes>(n, 150) == "");
+  }
 }

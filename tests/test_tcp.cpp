@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "harness.hpp"
+#include "stress.hpp"
 
 using namespace collx_test;
 using namespace std::chrono_literals;
@@ -475,4 +476,11 @@ TEST_CASE("over tcp: the rendezvous store refuses clients without the job's toke
   CHECK(err1 == "");
   CHECK(got0 == std::vector<int>(10, 3));
   CHECK_THAT(cap.text(), Contains("tcp store: refused") && Contains("no job token presented") && Contains("wrong job token"));
+}
+
+TEST_CASE("over tcp: hundreds of back-to-back collectives, large among small, stay correct", "[tcp][stress]") {
+  for (int n : {2, 5, 8}) {
+    CAPTURE(n);
+    CHECK(collx_test::stress<processes_tcp>(n, 150) == "");
+  }
 }
