@@ -35,17 +35,9 @@ using bench_cli::parse_size;
 using bench_cli::usage_error;
 
 
-struct config {
-  std::size_t minbytes = 32 << 20, maxbytes = 32 << 20;  // nccl-tests' defaults, as collx-perf
-  std::size_t factor = 1, stepbytes = 1 << 20;
-  int iters = 20, warmup = 5;
-  bool check = true;
-  int root = 0;
-  std::string op = "all_reduce", dtype = "float", redop = "sum";
-  std::string algo;  // drivers with several algorithms (gloo-perf): which one, or "all"
-  int ranks = 0;     // drivers that start their own ranks (gloo-perf): -np
-  bool help = false;
-};
+/// The flags (bench_cli::sweep_flags: nccl-tests'); algo is which of a driver's algorithms (gloo-perf)
+/// or "all", ranks the -np of drivers that start their own ranks (gloo-perf).
+struct config : bench_cli::sweep_flags {};
 
 enum class coll { all_reduce, reduce_scatter, all_gather, broadcast, all_to_all };
 
@@ -234,48 +226,8 @@ unsigned long long sweep(B& be, const config& cfg, const coll_info& ci, int rank
 /// n: the rank count when the launcher decides it (mpirun), else 0 (read -np).
 inline config parse(int argc, char** argv, int n) {
   config cfg;
-  bool factor_given = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i], val;
-    bool has_val = false;
-    if (a.rfind("--", 0) == 0) {
-      if (const auto eq = a.find('='); eq != std::string::npos) {
-        val = a.substr(eq + 1);
-        a = a.substr(0, eq);
-        has_val = true;
-      }
-    } else if (a.size() > 2 && a[0] == '-' && a != "-np") {  // -b64M, as getopt allows
-      val = a.substr(2);
-      a = a.substr(0, 2);
-      has_val = true;
-    }
-    auto value = [&]() -> std::string {
-      if (has_val) return val;
-      if (i + 1 >= argc) throw usage_error(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "-h" || a == "--help") cfg.help = true;
-    else if (a == "-b" || a == "--minbytes") cfg.minbytes = parse_size(a, value());
-    else if (a == "-e" || a == "--maxbytes") cfg.maxbytes = parse_size(a, value());
-    else if (a == "-f" || a == "--stepfactor") {
-      cfg.factor = std::size_t(parse_int(a, value(), 1, 1 << 20));
-      factor_given = cfg.factor > 1;
-    } else if (a == "-i" || a == "--stepbytes") cfg.stepbytes = parse_size(a, value());
-    else if (a == "-n" || a == "--iters") cfg.iters = int(parse_int(a, value(), 1, 1 << 30));
-    else if (a == "-w" || a == "--warmup_iters") cfg.warmup = int(parse_int(a, value(), 0, 1 << 30));
-    else if (a == "-c" || a == "--check") cfg.check = parse_int(a, value(), 0, 1 << 30) != 0;
-    else if (a == "-r" || a == "--root") cfg.root = int(parse_int(a, value(), 0, 1 << 30));
-    else if (a == "-d" || a == "--datatype") cfg.dtype = value();
-    else if (a == "-o" || a == "--redop") cfg.redop = value();
-    else if (a == "--op") cfg.op = value();
-    else if (a == "--algo") cfg.algo = value();
-    else if (n == 0 && (a == "-np" || a == "--nranks")) cfg.ranks = int(parse_int(a, value(), 1, 1024));
-    else throw usage_error("unknown flag '" + std::string(argv[i]) + "'");
-  }
-  if (!factor_given) cfg.factor = 1;
-  if (cfg.factor <= 1 && cfg.stepbytes == 0) throw usage_error("-i 0 without -f would repeat one size forever");
-  if (cfg.minbytes > cfg.maxbytes)
-    throw usage_error("-b (" + std::to_string(cfg.minbytes) + ") is larger than -e (" + std::to_string(cfg.maxbytes) + ")");
+  bench_cli::parse_flags(argc, argv, cfg, [](const std::string&, auto&&) { return false; });
+  if (n != 0 && cfg.ranks != 0) throw usage_error("-np: the ranks come from the launcher here");
   if (n == 0) n = cfg.ranks = cfg.ranks == 0 ? 2 : cfg.ranks;
   if (cfg.root >= n)
     throw usage_error("-r " + std::to_string(cfg.root) + " is not a rank of [0, " + std::to_string(n) + ")");

@@ -1,7 +1,8 @@
 #pragma once
-// The command-line pieces collx-perf and mpi-perf share (mpi-perf is built with mpicxx alone, so
-// this header needs nothing of collx): nccl-tests-style sizes (8, 64K, 32M, 1G) and bounded
-// integers, each failing with a usage_error that names the flag.
+// The command line collx-perf and the baselines (mpi-perf, gloo-perf) share (mpi-perf is built
+// with mpicxx alone, so this header needs nothing of collx): nccl-tests' sweep flags, the way
+// arguments are split (--flag=value, -b64M, -np N), nccl-tests-style sizes (8, 64K, 32M, 1G) and
+// bounded integers, each failing with a usage_error that names the flag.
 #include <cstddef>
 #include <limits>
 #include <stdexcept>
@@ -52,6 +53,67 @@ inline long parse_int(const std::string& flag, const std::string& s, long lo, lo
     throw usage_error(flag + " expects an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" +
                       s + "'");
   return v;
+}
+
+/// nccl-tests' flags, with its defaults.
+struct sweep_flags {
+  int ranks = 0;
+  std::size_t minbytes = 32 << 20, maxbytes = 32 << 20;
+  std::size_t factor = 1, stepbytes = 1 << 20;  // -f overrides -i, as in nccl-tests
+  int iters = 20, warmup = 5;
+  bool check = true;
+  int root = 0;
+  std::string op = "all_reduce", algo, dtype = "float", redop = "sum";
+  bool help = false;
+};
+
+/// Walks argv: for each flag calls on(flag, value) where value() fetches its value (from
+/// "--flag=v", "-bV" or the next argument); on returns false for a flag it does not know. The
+/// flags of sweep_flags are handled here first. Checks what every driver checks afterwards.
+template <class On>
+void parse_flags(int argc, char** argv, sweep_flags& cfg, On on) {
+  bool factor_given = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i], val;
+    bool has_val = false;
+    if (a.rfind("--", 0) == 0) {
+      if (const auto eq = a.find('='); eq != std::string::npos) {
+        val = a.substr(eq + 1);
+        a = a.substr(0, eq);
+        has_val = true;
+      }
+    } else if (a.size() > 2 && a[0] == '-' && a != "-np") {  // -b64M, as getopt allows
+      val = a.substr(2);
+      a = a.substr(0, 2);
+      has_val = true;
+    }
+    auto value = [&]() -> std::string {
+      if (has_val) return val;
+      if (i + 1 >= argc) throw usage_error(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "-h" || a == "--help") cfg.help = true;
+    else if (a == "-np" || a == "--nranks") cfg.ranks = int(parse_int(a, value(), 1, 4096));
+    else if (a == "-b" || a == "--minbytes") cfg.minbytes = parse_size(a, value());
+    else if (a == "-e" || a == "--maxbytes") cfg.maxbytes = parse_size(a, value());
+    else if (a == "-f" || a == "--stepfactor") {
+      cfg.factor = std::size_t(parse_int(a, value(), 1, 1 << 20));
+      factor_given = cfg.factor > 1;
+    } else if (a == "-i" || a == "--stepbytes") cfg.stepbytes = parse_size(a, value());
+    else if (a == "-n" || a == "--iters") cfg.iters = int(parse_int(a, value(), 1, 1 << 30));
+    else if (a == "-w" || a == "--warmup_iters") cfg.warmup = int(parse_int(a, value(), 0, 1 << 30));
+    else if (a == "-c" || a == "--check") cfg.check = parse_int(a, value(), 0, 1 << 30) != 0;
+    else if (a == "-r" || a == "--root") cfg.root = int(parse_int(a, value(), 0, 1 << 30));
+    else if (a == "-d" || a == "--datatype") cfg.dtype = value();
+    else if (a == "-o" || a == "--redop") cfg.redop = value();
+    else if (a == "--op") cfg.op = value();
+    else if (a == "--algo") cfg.algo = value();
+    else if (!on(a, value)) throw usage_error("unknown flag '" + std::string(argv[i]) + "'");
+  }
+  if (!factor_given) cfg.factor = 1;
+  if (cfg.factor <= 1 && cfg.stepbytes == 0) throw usage_error("-i 0 without -f would repeat one size forever");
+  if (cfg.minbytes > cfg.maxbytes)
+    throw usage_error("-b (" + std::to_string(cfg.minbytes) + ") is larger than -e (" + std::to_string(cfg.maxbytes) + ")");
 }
 
 }  // namespace bench_cli

@@ -320,15 +320,13 @@ using collectives = list<all_reduce_c, reduce_scatter_c, all_gather_c, broadcast
 
 // ---- configuration --------------------------------------------------------------------------
 
-struct config {
-  int ranks = 8;
-  std::size_t minbytes = 32 << 20, maxbytes = 32 << 20;  // nccl-tests' defaults
-  std::size_t factor = 1, stepbytes = 1 << 20;           // -f overrides -i, as in nccl-tests
-  int iters = 20, warmup = 5;
-  bool check = true;
-  int root = 0;
-  std::string op = "all_reduce", algo = "all", dtype = "float", redop = "sum", transport = "threads";
-  bool demo = false, help = false;
+struct config : bench_cli::sweep_flags {
+  std::string transport = "threads";
+  bool demo = false;
+  config() {
+    ranks = 8;
+    algo = "all";
+  }
 };
 
 // ---- running one size -----------------------------------------------------------------------
@@ -632,55 +630,17 @@ void usage(std::FILE* f) {
 
 config parse(int argc, char** argv) {
   config cfg;
-  bool factor_given = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i], val;
-    bool has_val = false;
-    if (a.rfind("--", 0) == 0) {
-      if (const auto eq = a.find('='); eq != std::string::npos) {
-        val = a.substr(eq + 1);
-        a = a.substr(0, eq);
-        has_val = true;
-      }
-    } else if (a.size() > 2 && a[0] == '-' && a != "-np") {  // -b64M, as getopt allows
-      val = a.substr(2);
-      a = a.substr(0, 2);
-      has_val = true;
-    }
-    auto value = [&]() -> std::string {
-      if (has_val) return val;
-      if (i + 1 >= argc) throw usage_error(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "-h" || a == "--help") cfg.help = true;
-    else if (a == "--demo") cfg.demo = true;
-    else if (a == "-np" || a == "--nranks") cfg.ranks = int(parse_int(a, value(), 1, 4096));
-    else if (a == "-b" || a == "--minbytes") cfg.minbytes = parse_size(a, value());
-    else if (a == "-e" || a == "--maxbytes") cfg.maxbytes = parse_size(a, value());
-    else if (a == "-f" || a == "--stepfactor") {
-      cfg.factor = std::size_t(parse_int(a, value(), 1, 1 << 20));
-      factor_given = cfg.factor > 1;
-    } else if (a == "-i" || a == "--stepbytes") cfg.stepbytes = parse_size(a, value());
-    else if (a == "-n" || a == "--iters") cfg.iters = int(parse_int(a, value(), 1, 1 << 30));
-    else if (a == "-w" || a == "--warmup_iters") cfg.warmup = int(parse_int(a, value(), 0, 1 << 30));
-    else if (a == "-c" || a == "--check") cfg.check = parse_int(a, value(), 0, 1 << 30) != 0;
-    else if (a == "-r" || a == "--root") cfg.root = int(parse_int(a, value(), 0, 1 << 30));
-    else if (a == "-d" || a == "--datatype") cfg.dtype = value();
-    else if (a == "-o" || a == "--redop") cfg.redop = value();
-    else if (a == "--op") cfg.op = value();
-    else if (a == "--algo") cfg.algo = value();
+  bench_cli::parse_flags(argc, argv, cfg, [&](const std::string& a, auto&& value) {
+    if (a == "--demo") cfg.demo = true;
     else if (a == "--transport") cfg.transport = value();
-    else throw usage_error("unknown flag '" + std::string(argv[i]) + "'");
-  }
-  if (!factor_given) cfg.factor = 1;
-  if (cfg.factor <= 1 && cfg.stepbytes == 0) throw usage_error("-i 0 without -f would repeat one size forever");
+    else return false;
+    return true;
+  });
   if (cfg.transport != "threads" && cfg.transport != "shm" && cfg.transport != "tcp")
     throw usage_error("--transport '" + cfg.transport +
                       "' is not available: 'threads' (ranks as threads of this process), 'shm' (forked processes "
                       "over shared memory) or 'tcp' (forked processes over loopback sockets)");
   g_transport = cfg.transport;
-  if (cfg.minbytes > cfg.maxbytes)
-    throw usage_error("-b (" + std::to_string(cfg.minbytes) + ") is larger than -e (" + std::to_string(cfg.maxbytes) + ")");
   if (cfg.root >= cfg.ranks)
     throw usage_error("-r " + std::to_string(cfg.root) + " is not a rank of [0, " + std::to_string(cfg.ranks) + ")");
   // Names are checked here, before anything runs, so a typo does not cost a sweep.

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "harness.hpp"
+#include "matrix.hpp"
 #include "stress.hpp"
 
 using namespace collx_test;
@@ -21,10 +22,6 @@ using Catch::Matchers::Contains;
 namespace algo = collx::algo;
 
 namespace {
-const std::vector<int>& shm_ranks() {
-  static const std::vector<int> v{1, 2, 3, 4, 5, 8};
-  return v;
-}
 
 /// Names in /dev/shm of collx jobs started by this test process (launch_processes names its
 /// jobs lp<pid>-...; the tests below put the pid in theirs). Other test processes running at
@@ -45,26 +42,12 @@ std::vector<std::string> collx_segments() {
 
 TEMPLATE_TEST_CASE("over shm: reducing collectives equal the serial reference", "[shm]", algo::ring, algo::tree,
                    algo::recursive_halving, algo::automatic) {
-  for (int n : shm_ranks())
-    for (std::size_t count : counts_for(n)) {
-      CAPTURE(n, count);
-      const std::size_t k = count / std::size_t(n) + (count % 2);
-      CHECK(run_all_reduce<float, collx::ops::sum, TestType, processes>(n, count, false) == "");
-      CHECK(run_all_reduce<std::int32_t, collx::ops::sum, TestType, processes>(n, count, true) == "");
-      CHECK(run_reduce_scatter<float, collx::ops::sum, TestType, processes>(n, k) == "");
-      CHECK(run_reduce<std::int32_t, collx::ops::sum, TestType, processes>(n, count, n - 1) == "");
-    }
+  check_reducing_matrix<processes, TestType>();
 }
 
 TEMPLATE_TEST_CASE("over shm: data-moving collectives deliver every block", "[shm]", algo::ring, algo::tree,
                    algo::recursive_halving, algo::automatic) {
-  for (int n : shm_ranks())
-    for (std::size_t count : counts_for(n)) {
-      CAPTURE(n, count);
-      const std::size_t k = count / std::size_t(n) + (count % 2);
-      CHECK(run_all_gather<float, TestType, processes>(n, k) == "");
-      CHECK(run_broadcast<std::int32_t, TestType, processes>(n, count, n / 2) == "");
-    }
+  check_moving_matrix<processes, TestType>();
 }
 
 TEMPLATE_TEST_CASE("over shm: single copy (forced from 1 KiB) delivers the same data", "[shm][single_copy]", algo::ring,
@@ -90,44 +73,14 @@ TEMPLATE_TEST_CASE("over shm: single copy (forced from 1 KiB) delivers the same 
     }
 }
 
-TEST_CASE("over shm: every dtype and op, and a non-commutative user op", "[shm]") {
-  for (int n : {3, 8}) {
-    CAPTURE(n);
-    CHECK(run_all_reduce<std::int8_t, collx::ops::sum, algo::ring, processes>(n, 1001, false) == "");
-    CHECK(run_all_reduce<std::uint64_t, collx::ops::sum, algo::tree, processes>(n, 1001, false) == "");
-    CHECK(run_all_reduce<double, collx::ops::sum, algo::recursive_halving, processes>(n, 100003, true) == "");
-    CHECK(run_all_reduce<collx::half, collx::ops::sum, algo::ring, processes>(n, 100003, false) == "");
-    CHECK(run_all_reduce<collx::bfloat16, collx::ops::sum, algo::tree, processes>(n, 100003, false) == "");
-    CHECK(run_all_reduce<float, collx::ops::prod, algo::ring, processes>(n, 1001, false) == "");
-    CHECK(run_all_reduce<float, collx::ops::min, algo::tree, processes>(n, 1001, false) == "");
-    CHECK(run_all_reduce<std::int32_t, collx::ops::max, algo::recursive_halving, processes>(n, 1001, false) == "");
-    CHECK(run_all_reduce<collx::bfloat16, collx::ops::avg, algo::ring, processes>(n, 1001, false) == "");
-    CHECK(run_all_reduce<std::int32_t, collx::ops::bxor, algo::ring, processes>(n, 1001, false) == "");
-  }
+TEST_CASE("over shm: every dtype and op", "[shm]") {
+  for (int n : {3, 8}) check_dtypes_and_ops<processes>(n);
 }
 
 TEST_CASE("over shm: all_to_all_v with uneven blocks", "[shm]") {
-  for (int n : shm_ranks()) {
+  for (int n : process_ranks()) {
     CAPTURE(n);
-    CHECK(run_checked<processes>(n, [n](auto& comm, auto note) {
-            const int r = comm.rank();
-            std::vector<std::size_t> sc(static_cast<std::size_t>(n)), rc(static_cast<std::size_t>(n));
-            for (int j = 0; j < n; ++j) {
-              sc[std::size_t(j)] = std::size_t((r * 7 + j * 3) % 5) * 20011;
-              rc[std::size_t(j)] = std::size_t((j * 7 + r * 3) % 5) * 20011;
-            }
-            std::vector<std::int64_t> in(std::accumulate(sc.begin(), sc.end(), std::size_t(0)));
-            std::vector<std::int64_t> out(std::accumulate(rc.begin(), rc.end(), std::size_t(0))), want(out.size());
-            std::size_t o = 0;
-            for (int j = 0; j < n; ++j)
-              for (std::size_t i = 0; i < sc[std::size_t(j)]; ++i) in[o++] = r * 1000000 + j * 10000 + std::int64_t(i);
-            o = 0;
-            for (int j = 0; j < n; ++j)
-              for (std::size_t i = 0; i < rc[std::size_t(j)]; ++i) want[o++] = j * 1000000 + r * 10000 + std::int64_t(i);
-            collx::all_to_all_v(comm, std::span<const std::int64_t>{in}, std::span<const std::size_t>{sc}, std::span{out},
-                                std::span<const std::size_t>{rc});
-            note(compare(out, want));
-          }) == "");
+    CHECK(run_all_to_all_v<processes>(n) == "");
   }
 }
 

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "harness.hpp"
+#include "matrix.hpp"
 #include "stress.hpp"
 
 using namespace collx_test;
@@ -25,65 +26,20 @@ using Catch::Matchers::Contains;
 namespace algo = collx::algo;
 namespace net = collx::transport::net;
 
-namespace {
-const std::vector<int>& tcp_ranks() {
-  static const std::vector<int> v{1, 2, 3, 4, 5, 8};
-  return v;
-}
-}  // namespace
-
 TEMPLATE_TEST_CASE("over tcp: reducing collectives equal the serial reference", "[tcp]", algo::ring, algo::tree,
                    algo::recursive_halving, algo::automatic) {
-  for (int n : tcp_ranks())
-    for (std::size_t count : counts_for(n)) {
-      CAPTURE(n, count);
-      const std::size_t k = count / std::size_t(n) + (count % 2);
-      CHECK(run_all_reduce<float, collx::ops::sum, TestType, processes_tcp>(n, count, false) == "");
-      CHECK(run_all_reduce<std::int32_t, collx::ops::sum, TestType, processes_tcp>(n, count, true) == "");
-      CHECK(run_reduce_scatter<float, collx::ops::sum, TestType, processes_tcp>(n, k) == "");
-      CHECK(run_reduce<std::int32_t, collx::ops::sum, TestType, processes_tcp>(n, count, n - 1) == "");
-    }
+  check_reducing_matrix<processes_tcp, TestType>();
 }
 
 TEMPLATE_TEST_CASE("over tcp: data-moving collectives deliver every block", "[tcp]", algo::ring, algo::tree,
                    algo::recursive_halving, algo::automatic) {
-  for (int n : tcp_ranks())
-    for (std::size_t count : counts_for(n)) {
-      CAPTURE(n, count);
-      const std::size_t k = count / std::size_t(n) + (count % 2);
-      CHECK(run_all_gather<float, TestType, processes_tcp>(n, k) == "");
-      CHECK(run_broadcast<std::int32_t, TestType, processes_tcp>(n, count, n / 2) == "");
-    }
+  check_moving_matrix<processes_tcp, TestType>();
 }
 
 TEST_CASE("over tcp: every dtype and op, and all_to_all_v with uneven blocks", "[tcp]") {
   for (int n : {3, 5}) {
-    CAPTURE(n);
-    CHECK(run_all_reduce<std::int8_t, collx::ops::sum, algo::ring, processes_tcp>(n, 1001, false) == "");
-    CHECK(run_all_reduce<double, collx::ops::sum, algo::recursive_halving, processes_tcp>(n, 100003, true) == "");
-    CHECK(run_all_reduce<collx::half, collx::ops::sum, algo::ring, processes_tcp>(n, 100003, false) == "");
-    CHECK(run_all_reduce<collx::bfloat16, collx::ops::avg, algo::tree, processes_tcp>(n, 100003, false) == "");
-    CHECK(run_all_reduce<float, collx::ops::min, algo::tree, processes_tcp>(n, 1001, false) == "");
-    CHECK(run_all_reduce<std::int32_t, collx::ops::bxor, algo::ring, processes_tcp>(n, 1001, false) == "");
-    CHECK(run_checked<processes_tcp>(n, [n](auto& comm, auto note) {
-            const int r = comm.rank();
-            std::vector<std::size_t> sc(static_cast<std::size_t>(n)), rc(static_cast<std::size_t>(n));
-            for (int j = 0; j < n; ++j) {
-              sc[std::size_t(j)] = std::size_t((r * 7 + j * 3) % 5) * 20011;
-              rc[std::size_t(j)] = std::size_t((j * 7 + r * 3) % 5) * 20011;
-            }
-            std::vector<std::int64_t> in(std::accumulate(sc.begin(), sc.end(), std::size_t(0)));
-            std::vector<std::int64_t> out(std::accumulate(rc.begin(), rc.end(), std::size_t(0))), want(out.size());
-            std::size_t o = 0;
-            for (int j = 0; j < n; ++j)
-              for (std::size_t i = 0; i < sc[std::size_t(j)]; ++i) in[o++] = r * 1000000 + j * 10000 + std::int64_t(i);
-            o = 0;
-            for (int j = 0; j < n; ++j)
-              for (std::size_t i = 0; i < rc[std::size_t(j)]; ++i) want[o++] = j * 1000000 + r * 10000 + std::int64_t(i);
-            collx::all_to_all_v(comm, std::span<const std::int64_t>{in}, std::span<const std::size_t>{sc}, std::span{out},
-                                std::span<const std::size_t>{rc});
-            note(compare(out, want));
-          }) == "");
+    check_dtypes_and_ops<processes_tcp>(n);
+    CHECK(run_all_to_all_v<processes_tcp>(n) == "");
   }
 }
 

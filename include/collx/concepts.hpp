@@ -53,6 +53,23 @@ struct recv_desc {
   combine how;
 };
 
+/// The order rule every transport's progress loop obeys (schedule.hpp): messages to or from one
+/// peer share a stream, so only the first unfinished one per peer may move; and a receive that
+/// reduces into what an earlier receive of the step writes (a tree node summing two children)
+/// waits for it. `st[j].done` says whether operation j has finished.
+template <class Op, class State>
+bool may_progress(std::span<const Op> ops, const State& st, std::size_t i) {
+  for (std::size_t j = 0; j < i; ++j)
+    if (!st[j].done && ops[j].peer == ops[i].peer) return false;
+  if constexpr (std::is_same_v<Op, recv_desc>) {
+    const recv_desc& r = ops[i];
+    if (r.with != nullptr)
+      for (std::size_t j = 0; j < i; ++j)
+        if (!st[j].done && ops[j].dst < r.with + r.bytes && r.with < ops[j].dst + ops[j].bytes) return false;
+  }
+  return true;
+}
+
 struct call_info;  // signature.hpp
 
 /// What a transport needs to run one step: the call (for matching and for error messages), how

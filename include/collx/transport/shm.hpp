@@ -182,20 +182,8 @@ class shm {
     // sender's copy and the receiver's reduction overlap (see single_copy_bytes).
     const bool single_copy = cma_ && ctx.comb.fn == nullptr;
 
-    // Messages to (or from) one peer share a channel, so they must go in order: only the first
-    // unfinished one per peer may move. A receive that reduces into what an earlier receive of
-    // the step writes (a tree node summing two children) also waits for it (schedule.hpp).
-    auto first_to = [](auto ops, const std::vector<op_state>& st, std::size_t i) {
-      for (std::size_t j = 0; j < i; ++j)
-        if (!st[j].done && ops[j].peer == ops[i].peer) return false;
-      if constexpr (std::is_same_v<decltype(ops), std::span<const recv_desc>>) {
-        const recv_desc& r = ops[i];
-        if (r.with != nullptr)
-          for (std::size_t j = 0; j < i; ++j)
-            if (!st[j].done && ops[j].dst < r.with + r.bytes && r.with < ops[j].dst + ops[j].bytes) return false;
-      }
-      return true;
-    };
+    // Messages to or from one peer go in order (may_progress, concepts.hpp).
+    auto first_to = [](auto ops, const auto& st, std::size_t i) { return may_progress(ops, st, i); };
     auto advance = [&]() -> bool {
       bool moved = false;
       for (std::size_t i = 0; i < sends.size(); ++i) {

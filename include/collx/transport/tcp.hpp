@@ -154,17 +154,7 @@ class tcp {
         rs_bounce_[i].resize(std::max(elem, kBounceBytes / elem * elem));
       }
 
-    auto first_to = [](auto ops, const auto& st, std::size_t i) {
-      for (std::size_t j = 0; j < i; ++j)
-        if (!st[j].done && ops[j].peer == ops[i].peer) return false;
-      if constexpr (std::is_same_v<decltype(ops), std::span<const recv_desc>>) {
-        const recv_desc& r = ops[i];
-        if (r.with != nullptr)
-          for (std::size_t j = 0; j < i; ++j)
-            if (!st[j].done && ops[j].dst < r.with + r.bytes && r.with < ops[j].dst + ops[j].bytes) return false;
-      }
-      return true;
-    };
+    auto first_to = [](auto ops, const auto& st, std::size_t i) { return may_progress(ops, st, i); };
 
     auto advance = [&]() -> bool {
       bool moved = false;

@@ -1,0 +1,81 @@
+#pragma once
+// The core's test matrix, one body for every launcher of processes (shm, tcp): every collective x
+// policy over the rank counts and the core's counts, every dtype and op, uneven all_to_all_v.
+#include <catch2/catch.hpp>
+
+#include <numeric>
+
+#include "harness.hpp"
+
+namespace collx_test {
+
+inline const std::vector<int>& process_ranks() {
+  static const std::vector<int> v{1, 2, 3, 4, 5, 8};
+  return v;
+}
+
+template <class L, class Algo>
+void check_reducing_matrix() {
+  for (int n : process_ranks())
+    for (std::size_t count : counts_for(n)) {
+      CAPTURE(n, count);
+      const std::size_t k = count / std::size_t(n) + (count % 2);
+      CHECK(run_all_reduce<float, collx::ops::sum, Algo, L>(n, count, false) == "");
+      CHECK(run_all_reduce<std::int32_t, collx::ops::sum, Algo, L>(n, count, true) == "");
+      CHECK(run_reduce_scatter<float, collx::ops::sum, Algo, L>(n, k) == "");
+      CHECK(run_reduce<std::int32_t, collx::ops::sum, Algo, L>(n, count, n - 1) == "");
+    }
+}
+
+template <class L, class Algo>
+void check_moving_matrix() {
+  for (int n : process_ranks())
+    for (std::size_t count : counts_for(n)) {
+      CAPTURE(n, count);
+      const std::size_t k = count / std::size_t(n) + (count % 2);
+      CHECK(run_all_gather<float, Algo, L>(n, k) == "");
+      CHECK(run_broadcast<std::int32_t, Algo, L>(n, count, n / 2) == "");
+    }
+}
+
+template <class L>
+void check_dtypes_and_ops(int n) {
+  namespace algo = collx::algo;
+  CAPTURE(n);
+  CHECK(run_all_reduce<std::int8_t, collx::ops::sum, algo::ring, L>(n, 1001, false) == "");
+  CHECK(run_all_reduce<std::uint64_t, collx::ops::sum, algo::tree, L>(n, 1001, false) == "");
+  CHECK(run_all_reduce<double, collx::ops::sum, algo::recursive_halving, L>(n, 100003, true) == "");
+  CHECK(run_all_reduce<collx::half, collx::ops::sum, algo::ring, L>(n, 100003, false) == "");
+  CHECK(run_all_reduce<collx::bfloat16, collx::ops::sum, algo::tree, L>(n, 100003, false) == "");
+  CHECK(run_all_reduce<float, collx::ops::prod, algo::ring, L>(n, 1001, false) == "");
+  CHECK(run_all_reduce<float, collx::ops::min, algo::tree, L>(n, 1001, false) == "");
+  CHECK(run_all_reduce<std::int32_t, collx::ops::max, algo::recursive_halving, L>(n, 1001, false) == "");
+  CHECK(run_all_reduce<collx::bfloat16, collx::ops::avg, algo::ring, L>(n, 1001, false) == "");
+  CHECK(run_all_reduce<std::int32_t, collx::ops::bxor, algo::ring, L>(n, 1001, false) == "");
+}
+
+/// all_to_all_v with uneven blocks (some empty) between every pair.
+template <class L>
+std::string run_all_to_all_v(int n) {
+  return run_checked<L>(n, [n](auto& comm, auto note) {
+    const int r = comm.rank();
+    std::vector<std::size_t> sc(static_cast<std::size_t>(n)), rc(static_cast<std::size_t>(n));
+    for (int j = 0; j < n; ++j) {
+      sc[std::size_t(j)] = std::size_t((r * 7 + j * 3) % 5) * 20011;
+      rc[std::size_t(j)] = std::size_t((j * 7 + r * 3) % 5) * 20011;
+    }
+    std::vector<std::int64_t> in(std::accumulate(sc.begin(), sc.end(), std::size_t(0)));
+    std::vector<std::int64_t> out(std::accumulate(rc.begin(), rc.end(), std::size_t(0))), want(out.size());
+    std::size_t o = 0;
+    for (int j = 0; j < n; ++j)
+      for (std::size_t i = 0; i < sc[std::size_t(j)]; ++i) in[o++] = r * 1000000 + j * 10000 + std::int64_t(i);
+    o = 0;
+    for (int j = 0; j < n; ++j)
+      for (std::size_t i = 0; i < rc[std::size_t(j)]; ++i) want[o++] = j * 1000000 + r * 10000 + std::int64_t(i);
+    collx::all_to_all_v(comm, std::span<const std::int64_t>{in}, std::span<const std::size_t>{sc}, std::span{out},
+                        std::span<const std::size_t>{rc});
+    note(compare(out, want));
+  });
+}
+
+}  // namespace collx_test
