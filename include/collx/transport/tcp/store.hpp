@@ -354,8 +354,10 @@ class file_store final : public store {
     const std::string f = file(key);
     for (;;) {
       std::ifstream i(f, std::ios::binary);
-      if (i) {
-        std::string v((std::istreambuf_iterator<char>(i)), std::istreambuf_iterator<char>());
+      if (i) {  // read at most one byte more than a value may have: a huge file is refused, not loaded
+        std::string v(tcp_wire::kMaxValue + 1, '\0');
+        i.read(v.data(), std::streamsize(v.size()));
+        v.resize(std::size_t(i.gcount()));
         if (v.size() > tcp_wire::kMaxValue) throw error(errc::transport_error, "tcp: file store value " + f + " is too large");
         return v;
       }
