@@ -103,6 +103,12 @@ TEST_CASE("over tcp: a file store works as the rendezvous, and every socket is c
       if (v[999] != 6) throw std::runtime_error("wrong sum");
     });
     for (auto& e : err) CHECK(e == "");
+    // The job's keys are gone once every rank is through, so the same job name can run again.
+    std::size_t left = 0;
+    for (const auto& e : std::filesystem::directory_iterator(d.path)) left += e.path().filename().string()[0] == 'k';
+    CHECK(left == 0);
+    err = run_threads_tcp(3, d.path, {}, o, [](auto& comm) { collx::barrier(comm); });
+    for (auto& e : err) CHECK(e == "");
     // A failing job (mismatched counts) releases its sockets as well.
     err = run_threads_tcp(3, d.path + "/second", {}, o, [](auto& comm) {
       std::vector<int> v(comm.rank() == 1 ? 7 : 5, 1);

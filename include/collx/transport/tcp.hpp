@@ -95,7 +95,8 @@ class tcp {
 
   /// Rank `rank` of `size` in job `job`, meeting through cfg's store (cfg.store_path, or the
   /// TCP store at cfg.master_addr:cfg.master_port served by rank 0).
-  tcp(std::string job, int rank, int size, config cfg = {}) : job_(std::move(job)), rank_(rank), n_(size), cfg_(std::move(cfg)) {
+  tcp(std::string job, int rank, int size, config cfg = {})
+      : job_(std::move(job)), rank_(rank), n_(size), cfg_(std::move(cfg)), served_(std::exchange(cfg_.serve_store_fd, -1)) {
     if (size < 1 || rank < 0 || rank >= size)
       throw error(errc::invalid_argument, "tcp: rank " + std::to_string(rank) + " is out of range for " + std::to_string(size) + " ranks");
     if (job_.empty() || job_.size() > 128) throw error(errc::invalid_argument, "tcp: the job name must have 1..128 characters");
@@ -124,6 +125,7 @@ class tcp {
       peers_ = std::move(o.peers_);
       crowded_ = o.crowded_;
       dead_ = o.dead_;
+      served_ = std::move(o.served_);
       o.peers_.clear();
     }
     return *this;
@@ -163,7 +165,6 @@ class tcp {
         if (st.done || !first_to(sends, ss_, i)) continue;
         const send_desc& d = sends[i];
         peer& p = peers_[std::size_t(d.peer)];
-        p.mid_send = true;
         while (st.off < sizeof(tcp_wire::msg_header) + d.bytes) {
           iovec iov[2];
           int k = 0;
@@ -176,6 +177,7 @@ class tcp {
           const ssize_t w = ::sendmsg(p.s.get(), &m, MSG_NOSIGNAL | MSG_DONTWAIT);
           if (w > 0) {
             st.off += std::size_t(w);
+            p.mid_send = true;  // the stream is inside a message until it is all written
             moved = true;
             continue;
           }
@@ -309,8 +311,9 @@ class tcp {
     dead_ = true;
     dead_why_ = why;
     const std::string reason = why.substr(0, tcp_wire::kMaxAbortReason);
+    const auto until = net::clock::now() + std::chrono::milliseconds(100);  // for all peers together
     for (peer& p : peers_)
-      if (p.s && !p.mid_send) send_frame(p, tcp_wire::msg_kind::abort, reason);
+      if (p.s && !p.mid_send) send_frame(p, tcp_wire::msg_kind::abort, reason, until);
     close_all();
   }
 
@@ -319,8 +322,9 @@ class tcp {
     if (dead_) return;
     dead_ = true;
     dead_why_ = "it has left the job";
+    const auto until = net::clock::now() + std::chrono::milliseconds(100);
     for (peer& p : peers_)
-      if (p.s && !p.mid_send) send_frame(p, tcp_wire::msg_kind::bye, {});
+      if (p.s && !p.mid_send) send_frame(p, tcp_wire::msg_kind::bye, {}, until);
     close_all();
   }
 
@@ -344,14 +348,14 @@ class tcp {
     bool done = false;
   };
 
-  static void send_frame(peer& p, tcp_wire::msg_kind k, const std::string& payload) noexcept {
+  static void send_frame(peer& p, tcp_wire::msg_kind k, const std::string& payload, net::clock::time_point until) noexcept {
     tcp_wire::msg_header h;
     h.kind = std::uint32_t(k);
     h.bytes = payload.size();
     std::string b(reinterpret_cast<const char*>(&h), sizeof h);
     b += payload;
     // Best effort within a short time: a peer whose buffers are full learns from the close.
-    (void)net::write_all(p.s.get(), b.data(), b.size(), net::clock::now() + std::chrono::milliseconds(100));
+    (void)net::write_all(p.s.get(), b.data(), b.size(), until);
   }
 
   void close_all() noexcept {
@@ -436,12 +440,12 @@ class tcp {
     if (!cfg_.store_path.empty()) {
       st = std::make_unique<file_store>(cfg_.store_path);
     } else {
-      if (!master && cfg_.serve_store_fd < 0)
+      if (!master && !served_)
         throw error(errc::invalid_argument, "tcp: no rendezvous: give master_addr and master_port, or store_path");
       if (rank_ == 0) {
         net::fd l;
-        if (cfg_.serve_store_fd >= 0) {
-          l = net::fd(cfg_.serve_store_fd);
+        if (served_) {
+          l = std::move(served_);
           net::set_nonblocking(l.get());
         } else {
           net::address any = *master;
@@ -538,11 +542,19 @@ class tcp {
 
     // Rank 0's store must outlive every rank's use of it: each counts itself done, and rank 0
     // waits for all of them before its server goes.
-    st->add(key("ready"), 1);
+    st->set(key("ready/" + std::to_string(rank_)), "1");
+    // The last rank to finish removes the job's keys (a file store would hand them to a later
+    // job of the same name).
+    if (st->add(key("ready"), 1) == n_) st->erase_prefix(job_ + "/");
     if (server) {
       while (st->add(key("ready"), 0) < n_) {
-        if (net::clock::now() >= deadline)
-          throw error(errc::timeout, "tcp: rendezvous of job \"" + job_ + "\" timed out waiting for every rank to finish it");
+        if (net::clock::now() >= deadline) {
+          std::string missing;
+          for (int q = 0; q < n_; ++q)
+            if (!st->get(key("ready/" + std::to_string(q)), net::clock::now())) missing += (missing.empty() ? "" : ", ") + std::to_string(q);
+          throw error(errc::timeout, "tcp: rendezvous of job \"" + job_ + "\" timed out waiting for rank(s) " + missing +
+                                         " to finish it (they stopped or died while connecting)");
+        }
         ::usleep(1000);
       }
     }
@@ -670,6 +682,7 @@ class tcp {
   std::vector<recv_state> rs_;
   std::vector<std::vector<std::byte>> rs_bounce_;
   std::vector<pollfd> pfd_;
+  net::fd served_;  // launch_processes: the store's listening socket (rank 0), owned from the start
 };
 
 }  // namespace collx::transport

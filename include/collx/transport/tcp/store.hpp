@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -36,6 +37,9 @@ class store {
   virtual std::int64_t add(const std::string& key, std::int64_t delta) = 0;
   /// Where the store is, for error messages.
   virtual std::string where() const = 0;
+  /// Removes every key that starts with `prefix` (a finished job's keys; stores that vanish
+  /// with their job need not).
+  virtual void erase_prefix(const std::string&) {}
 };
 
 // ---- the server's logic ------------------------------------------------------------------------
@@ -160,7 +164,21 @@ class store_server {
     std::string out;
     std::vector<std::string> waiting;  // keys of gets not yet answered, in order
     bool closing = false;
+    net::clock::time_point last;       // its last request
   };
+
+  /// What one client may have outstanding: unsent replies and unanswered gets. Past either, the
+  /// server stops reading from it until it catches up (a client that sends and never reads
+  /// cannot grow the server).
+  static constexpr std::size_t kMaxPendingOut = std::size_t(64) << 10;
+  static constexpr std::size_t kMaxWaiting = 64;
+  /// A client with nothing outstanding that says nothing for this long is dropped (the real
+  /// ones reconnect: tcp_store), so idle strangers cannot fill kMaxClients.
+  static constexpr std::chrono::seconds kIdle{10};
+
+  static bool may_read(const client& c) {
+    return !c.closing && c.out.size() < kMaxPendingOut && c.waiting.size() < kMaxWaiting;
+  }
 
   void run() {
     std::vector<client> cs;
@@ -169,55 +187,62 @@ class store_server {
       pf.clear();
       pf.push_back({wake_r_.get(), POLLIN, 0});
       pf.push_back({listener_.get(), short(cs.size() < kMaxClients ? POLLIN : 0), 0});
-      for (const client& c : cs) pf.push_back({c.s.get(), short(POLLIN | (c.out.empty() ? 0 : POLLOUT)), 0});
+      for (const client& c : cs) pf.push_back({c.s.get(), short((may_read(c) ? POLLIN : 0) | (c.out.empty() ? 0 : POLLOUT)), 0});
       if (::poll(pf.data(), pf.size(), 1000) < 0 && errno != EINTR) break;
-      if (pf[1].revents & POLLIN) accept_all(cs);
-      for (std::size_t i = 0; i < cs.size(); ++i) {
+      const std::size_t polled = cs.size();  // clients accepted below were not in this poll
+      for (std::size_t i = 0; i < polled; ++i) {
         const short ev = pf[i + 2].revents;
         if (ev != 0) serve(cs[i], ev);
       }
+      if (pf[1].revents & POLLIN) accept_all(cs);
       answer_waiting(cs);
+      const auto now = net::clock::now();
+      for (client& c : cs)
+        if (!c.closing && c.waiting.empty() && c.out.empty() && now - c.last > kIdle) {
+          if (!c.st.authed && core_.needs_auth())
+            std::fprintf(stderr, "collx tcp store: dropped %s: no job token presented in %d s\n", c.peer.c_str(), int(kIdle.count()));
+          c.closing = true;
+        }
       std::erase_if(cs, [](const client& c) { return c.closing && c.out.empty(); });
     }
   }
 
   void accept_all(std::vector<client>& cs) {
-    for (;;) {
+    while (cs.size() < kMaxClients) {
       net::address a;
       a.len = sizeof a.ss;
       const int f = ::accept4(listener_.get(), a.sa(), &a.len, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (f < 0) return;
       net::set_nodelay(f);
-      cs.push_back({net::fd(f), a.str(), {}, {}, {}, false});
+      cs.push_back({net::fd(f), a.str(), {}, {}, {}, false, net::clock::now()});
     }
   }
 
+  /// One read per wake-up, so one busy client cannot keep the others waiting.
   void serve(client& c, short ev) {
-    if (ev & (POLLIN | POLLHUP | POLLERR)) {
+    if ((ev & (POLLIN | POLLHUP | POLLERR)) && may_read(c)) {
       char buf[8192];
-      for (;;) {
-        const ssize_t k = ::recv(c.s.get(), buf, sizeof buf, MSG_DONTWAIT);
-        if (k > 0) {
-          c.st.in.append(buf, std::size_t(k));
-          for (store_core::reply& r : core_.feed(c.st)) {
-            c.out += r.bytes;
-            if (!r.waiting_for.empty()) c.waiting.push_back(r.waiting_for);
-            if (r.drop) {
-              std::fprintf(stderr, "collx tcp store: refused %s: %s\n", c.peer.c_str(), r.why.c_str());
-              c.closing = true;
-              c.st.in.clear();
-              c.waiting.clear();
-            }
+      const ssize_t k = ::recv(c.s.get(), buf, sizeof buf, MSG_DONTWAIT);
+      if (k > 0) {
+        c.last = net::clock::now();
+        c.st.in.append(buf, std::size_t(k));
+        for (store_core::reply& r : core_.feed(c.st)) {
+          c.out += r.bytes;
+          if (!r.waiting_for.empty()) c.waiting.push_back(r.waiting_for);
+          if (r.drop) {
+            std::fprintf(stderr, "collx tcp store: refused %s: %s\n", c.peer.c_str(), r.why.c_str());
+            c.closing = true;
+            c.st.in.clear();
+            c.waiting.clear();
           }
-          if (c.closing) break;
-          continue;
         }
-        if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-          c.closing = true;
-          c.out.clear();
-        }
-        break;
+      } else if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        c.closing = true;
+        c.out.clear();
       }
+    } else if (ev & (POLLHUP | POLLERR)) {
+      c.closing = true;
+      c.out.clear();
     }
     flush(c);
   }
@@ -264,25 +289,20 @@ class store_server {
 class tcp_store final : public store {
  public:
   /// Connects to the server at `at`, retrying until `deadline` (rank 0 may start last), and
-  /// presents `token` when it is not empty.
-  tcp_store(net::address at, std::string token, net::clock::time_point deadline) : at_(at) {
-    std::string why;
-    s_ = net::connect_until(at_, deadline, why);
-    if (!s_)
-      throw error(errc::timeout, "tcp: no rendezvous store at " + at_.str() + " (MASTER_ADDR:MASTER_PORT): " + why +
-                                     "; is rank 0 running?");
-    if (!token.empty()) request(tcp_wire::store_op::auth, "auth", token, deadline);
+  /// presents `token` when it is not empty. Every request must finish by `deadline` (the
+  /// rendezvous's). A connection the server dropped (idle, see store_server::kIdle) or that a
+  /// get timed out on is made again for the next request.
+  tcp_store(net::address at, std::string token, net::clock::time_point deadline)
+      : at_(at), token_(std::move(token)), deadline_(deadline) {
+    connect();
   }
 
-  void set(const std::string& key, const std::string& value) override {
-    request(tcp_wire::store_op::set, key, value, net::clock::now() + std::chrono::seconds(60));
-  }
+  void set(const std::string& key, const std::string& value) override { request(tcp_wire::store_op::set, key, value, deadline_); }
   std::optional<std::string> get(const std::string& key, net::clock::time_point deadline) override {
-    return request(tcp_wire::store_op::get, key, {}, deadline, true);
+    return request(tcp_wire::store_op::get, key, {}, std::min(deadline, deadline_), true);
   }
   std::int64_t add(const std::string& key, std::int64_t delta) override {
-    const auto v = request(tcp_wire::store_op::add, key, std::string(reinterpret_cast<const char*>(&delta), sizeof delta),
-                           net::clock::now() + std::chrono::seconds(60));
+    const auto v = request(tcp_wire::store_op::add, key, std::string(reinterpret_cast<const char*>(&delta), sizeof delta), deadline_);
     std::int64_t x = 0;
     if (v && v->size() == sizeof x) std::memcpy(&x, v->data(), sizeof x);
     return x;
@@ -290,21 +310,43 @@ class tcp_store final : public store {
   std::string where() const override { return "the store at " + at_.str(); }
 
  private:
+  void connect() {
+    std::string why;
+    s_ = net::connect_until(at_, deadline_, why);
+    if (!s_)
+      throw error(errc::timeout, "tcp: no rendezvous store at " + at_.str() + " (MASTER_ADDR:MASTER_PORT): " + why +
+                                     "; is rank 0 running?");
+    if (!token_.empty()) exchange(tcp_wire::store_op::auth, "auth", token_, deadline_, false, false);
+  }
+
   std::optional<std::string> request(tcp_wire::store_op op, const std::string& key, const std::string& value,
                                      net::clock::time_point deadline, bool may_wait = false) {
-    if (!s_) throw error(errc::transport_error, "tcp: the store connection to " + at_.str() + " was lost earlier");
     if (key.empty() || key.size() > tcp_wire::kMaxKey || value.size() > tcp_wire::kMaxValue)
       throw error(errc::invalid_argument, "tcp store: key or value too long");
+    if (!s_) connect();
+    return exchange(op, key, value, deadline, may_wait, true);
+  }
+
+  /// One request and its reply. `retry`: when the server has closed the connection before
+  /// answering (it drops idle clients; the request was then never served), connect again once.
+  std::optional<std::string> exchange(tcp_wire::store_op op, const std::string& key, const std::string& value,
+                                      net::clock::time_point deadline, bool may_wait, bool retry) {
     const std::string req = tcp_wire::encode_store_request(op, key, value);
     auto lost = [&](net::io r) -> std::optional<std::string> {
       s_.reset();  // a half-done exchange leaves the stream out of step: never reuse it
       if (r == net::io::timeout && may_wait) return std::nullopt;
+      if (r == net::io::closed && retry) {
+        connect();
+        return exchange(op, key, value, deadline, may_wait, false);
+      }
       throw error(r == net::io::timeout ? errc::timeout : errc::peer_lost,
-                  "tcp: the rendezvous store at " + at_.str() + (r == net::io::timeout ? " did not answer in time" : " closed the connection (refused, or rank 0 exited)"));
+                  "tcp: the rendezvous store at " + at_.str() +
+                      (r == net::io::timeout ? " did not answer in time" : " closed the connection (refused, or rank 0 exited)"));
     };
     if (auto r = net::write_all(s_.get(), req.data(), req.size(), deadline); r != net::io::ok) return lost(r);
     tcp_wire::store_rep_header raw;
     if (auto r = net::read_exact(s_.get(), &raw, sizeof raw, deadline); r != net::io::ok) return lost(r);
+    retry = false;  // the server has answered: from here on the request was served
     const auto h = tcp_wire::parse_store_reply(std::span<const std::byte, sizeof raw>(reinterpret_cast<const std::byte*>(&raw), sizeof raw));
     if (!h) {
       s_.reset();
@@ -321,6 +363,8 @@ class tcp_store final : public store {
   }
 
   net::address at_;
+  std::string token_;
+  net::clock::time_point deadline_;
   net::fd s_;
 };
 
@@ -378,17 +422,32 @@ class file_store final : public store {
 
   std::string where() const override { return "the file store in " + dir_; }
 
+  /// Removes the files of every key that starts with `prefix` (a job's keys, once all its
+  /// ranks are done with them, so a later job of the same name does not read them).
+  void erase_prefix(const std::string& prefix) override {
+    const std::string start = name(prefix, false);
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir_, ec)) {
+      const std::string n = e.path().filename().string();
+      if (n.compare(0, start.size(), start) == 0) std::filesystem::remove(e.path(), ec);
+    }
+  }
+
  private:
-  /// A key as a file name: hex, so any key is a safe name.
-  std::string file(const std::string& key) const {
+  /// A key as a file name: "k" + the key in hex, so any key is a safe name; a key whose name
+  /// would pass a file system's 255 bytes keeps 100 bytes of it and a hash of the whole.
+  static std::string name(const std::string& key, bool whole = true) {
     static const char* hex = "0123456789abcdef";
-    std::string f = dir_ + "/k";
-    for (unsigned char c : key) {
+    std::string f = "k";
+    for (std::size_t i = 0; i < key.size() && i < 100; ++i) {
+      const auto c = static_cast<unsigned char>(key[i]);
       f += hex[c >> 4];
       f += hex[c & 15];
     }
+    if (whole && key.size() > 100) f += "-" + std::to_string(detail::fnv1a(key));
     return f;
   }
+  std::string file(const std::string& key) const { return dir_ + "/" + name(key); }
   std::string dir_;
 };
 
