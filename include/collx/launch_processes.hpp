@@ -44,9 +44,10 @@ inline void write_all(int fd, const std::string& s) {
 }  // namespace detail
 
 namespace detail {
-/// The fork/report machinery; make(job, rank) builds a rank's transport in its child.
-template <template <class> class Decorator, class Make, class F>
-void launch_processes_with(int n, const std::string& job, Make&& make, F&& f, const options& opts) {
+/// The fork/report machinery; make(job, rank) builds a rank's transport in its child; forked() runs in
+/// the parent once every child exists (to drop what only the children need).
+template <template <class> class Decorator, class Make, class F, class Forked = void (*)()>
+void launch_processes_with(int n, const std::string& job, Make&& make, F&& f, const options& opts, Forked forked = [] {}) {
   using transport_t = Decorator<std::invoke_result_t<Make&, const std::string&, int>>;
   // One rank per core when they fit, as mpirun binds by default: ranks that wait for each other
   // then never share a core while another one idles (fresh processes start on their parent's core).
@@ -111,6 +112,7 @@ void launch_processes_with(int n, const std::string& job, Make&& make, F&& f, co
     pids[std::size_t(r)] = pid;
     fds[std::size_t(r)] = p[0];
   }
+  forked();
   struct failure { int rank; int code; std::string what; bool died = false; };
   std::vector<failure> failures;
   for (int r = 0; r < n; ++r) {
@@ -185,7 +187,10 @@ void launch_processes(int n, F&& f, options opts, transport::tcp_config cfg) {
         ::close(lfd);
         return transport::tcp(j, r, n, std::move(c));
       },
-      std::forward<F>(f), opts);
+      std::forward<F>(f), opts,
+      // Rank 0 serves on its own copy: were the parent's kept open, a rank connecting after rank 0
+      // died would sit in the dead listener's queue until its deadline instead of being refused.
+      [&] { listener.reset(); });
 }
 
 template <class F>
