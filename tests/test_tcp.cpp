@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <optional>
 #include <thread>
 
 #include "harness.hpp"
@@ -444,5 +445,41 @@ TEST_CASE("over tcp: hundreds of back-to-back collectives, large among small, st
   for (int n : {2, 5, 8}) {
     CAPTURE(n);
     CHECK(collx_test::stress<processes_tcp>(n, 150) == "");
+  }
+}
+
+TEST_CASE("tcp::from_env reads the launchers' variables and asks for a rendezvous when it has none", "[tcp][env]") {
+  // The variables of this test only, restored afterwards.
+  const char* names[] = {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID", "MASTER_ADDR", "MASTER_PORT", "COLLX_STORE_PATH",
+                         "RANK", "WORLD_SIZE", "COLLX_RANK", "COLLX_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                         "PMI_RANK", "PMI_SIZE", "COLLX_JOB"};
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved;
+  for (const char* n : names) {
+    const char* v = std::getenv(n);
+    saved.emplace_back(n, v ? std::optional<std::string>(v) : std::nullopt);
+    unsetenv(n);
+  }
+  setenv("SLURM_PROCID", "0", 1);
+  setenv("SLURM_NTASKS", "1", 1);
+  setenv("SLURM_JOB_ID", "4242", 1);
+  try {
+    collx::transport::tcp::from_env();
+    FAIL("no error");
+  } catch (const collx::error& e) {
+    CHECK(e.code() == collx::errc::invalid_argument);
+    CHECK_THAT(e.what(), Contains("srun") && Contains("MASTER_ADDR") && Contains("COLLX_STORE_PATH"));
+  }
+  {
+    temp_dir d;
+    setenv("COLLX_STORE_PATH", d.path.c_str(), 1);
+    collx::communicator<collx::transport::tcp> comm{collx::transport::tcp::from_env()};
+    CHECK(comm.size() == 1);
+    std::vector<int> v{7};
+    collx::all_reduce(comm, std::span{v}, collx::ops::sum{});
+    CHECK(v[0] == 7);
+  }
+  for (auto& [n, v] : saved) {
+    if (v) setenv(n.c_str(), v->c_str(), 1);
+    else unsetenv(n.c_str());
   }
 }
