@@ -161,35 +161,13 @@ row run_size(B& be, const config& cfg, const coll_info& ci, std::size_t bytes, i
   return res;
 }
 
-inline std::string format_time(double us) {
-  char b[32];
-  std::snprintf(b, sizeof b, us >= 10000.0 ? "%7.0f" : us >= 100.0 ? "%7.1f" : "%7.2f", us);
-  return b;
-}
-
-inline std::size_t next_size(const config& cfg, std::size_t b) {
-  const std::size_t max = std::numeric_limits<std::size_t>::max();
-  if (cfg.factor > 1) return b == 0 ? 1 : (b > max / cfg.factor ? max : b * cfg.factor);
-  return b > max - cfg.stepbytes ? max : b + cfg.stepbytes;
-}
-
 /// The sweep; prints on rank 0 only. Returns the wrong elements over all sizes (rank 0).
 template <class B>
 unsigned long long sweep(B& be, const config& cfg, const coll_info& ci, int rank, int n) {
   const double f = bus_factor(ci.c, n);
   if (rank == 0) {
     std::printf("# %s  %s  transport: %s  ranks: %d (%s)\n", B::program, ci.name, B::transport, n, B::ranks_are);
-    if (cfg.factor > 1)
-      std::printf("# minBytes %zu maxBytes %zu step: %zu(factor) warmup iters: %d iters: %d validation: %d\n",
-                  cfg.minbytes, cfg.maxbytes, cfg.factor, cfg.warmup, cfg.iters, int(cfg.check));
-    else
-      std::printf("# minBytes %zu maxBytes %zu step: %zu(bytes) warmup iters: %d iters: %d validation: %d\n",
-                  cfg.minbytes, cfg.maxbytes, cfg.stepbytes, cfg.warmup, cfg.iters, int(cfg.check));
-    std::printf("# busbw = algbw x %s = algbw x %.3f at %d ranks\n#\n", ci.bus, f, n);
-    std::printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %s\n", "size", "count", "type", "redop", "root",
-                "time", "algbw", "busbw", "#wrong", "algo");
-    std::printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s\n", "(B)", "(elements)", "", "", "", "(us)", "(GB/s)",
-                "(GB/s)");
+    bench_cli::print_sweep_header(cfg, ci.bus, f, n);
     std::fflush(stdout);
   }
   unsigned long long wrong_all = 0;
@@ -203,14 +181,13 @@ unsigned long long sweep(B& be, const config& cfg, const coll_info& ci, int rank
       const double busbw = algbw * f;
       wrong_all += rw.wrong;
       const std::string wrong_s = cfg.check ? std::to_string(rw.wrong) : "N/A";
-      std::printf("%12zu  %12zu  %8s  %6s  %6d  %7s  %6.2f  %6.2f  %6s  %s\n", rw.sh.bytes, rw.sh.count, "float",
-                  ci.reduces ? "sum" : "none", ci.rooted ? cfg.root : -1, format_time(rw.us).c_str(), algbw, busbw,
-                  wrong_s.c_str(), be.algo());
+      bench_cli::print_row(rw.sh.bytes, rw.sh.count, "float", ci.reduces ? "sum" : "none", ci.rooted ? cfg.root : -1, rw.us,
+                           algbw, busbw, wrong_s, be.algo());
       std::fflush(stdout);
       sum_bw += busbw;
       ++rows;
     }
-    const std::size_t nb = next_size(cfg, bytes);
+    const std::size_t nb = bench_cli::next_size(cfg, bytes);
     if (nb <= bytes) break;
     bytes = nb;
   }

@@ -4,6 +4,7 @@
 // arguments are split (--flag=value, -b64M, -np N), nccl-tests-style sizes (8, 64K, 32M, 1G) and
 // bounded integers, each failing with a usage_error that names the flag.
 #include <cstddef>
+#include <cstdio>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -114,6 +115,42 @@ void parse_flags(int argc, char** argv, sweep_flags& cfg, On on) {
   if (cfg.factor <= 1 && cfg.stepbytes == 0) throw usage_error("-i 0 without -f would repeat one size forever");
   if (cfg.minbytes > cfg.maxbytes)
     throw usage_error("-b (" + std::to_string(cfg.minbytes) + ") is larger than -e (" + std::to_string(cfg.maxbytes) + ")");
+}
+
+// ---- nccl-tests' columns -------------------------------------------------------------------------
+
+inline std::string format_time(double us) {
+  char b[32];
+  std::snprintf(b, sizeof b, us >= 10000.0 ? "%7.0f" : us >= 100.0 ? "%7.1f" : "%7.2f", us);
+  return b;
+}
+
+/// The size after `b` in the sweep (-f multiplies, -i adds), saturating.
+inline std::size_t next_size(const sweep_flags& cfg, std::size_t b) {
+  const std::size_t max = std::numeric_limits<std::size_t>::max();
+  if (cfg.factor > 1) return b == 0 ? 1 : (b > max / cfg.factor ? max : b * cfg.factor);
+  return b > max - cfg.stepbytes ? max : b + cfg.stepbytes;
+}
+
+/// The lines above a sweep's rows: the sweep, the busbw factor and the column heads.
+inline void print_sweep_header(const sweep_flags& cfg, const char* bus, double bus_factor, int ranks) {
+  if (cfg.factor > 1)
+    std::printf("# minBytes %zu maxBytes %zu step: %zu(factor) warmup iters: %d iters: %d validation: %d\n", cfg.minbytes,
+                cfg.maxbytes, cfg.factor, cfg.warmup, cfg.iters, int(cfg.check));
+  else
+    std::printf("# minBytes %zu maxBytes %zu step: %zu(bytes) warmup iters: %d iters: %d validation: %d\n", cfg.minbytes,
+                cfg.maxbytes, cfg.stepbytes, cfg.warmup, cfg.iters, int(cfg.check));
+  std::printf("# busbw = algbw x %s = algbw x %.3f at %d ranks\n#\n", bus, bus_factor, ranks);
+  std::printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %s\n", "size", "count", "type", "redop", "root", "time",
+              "algbw", "busbw", "#wrong", "algo");
+  std::printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s\n", "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)");
+}
+
+/// One row: size, count, type, redop, root, time, algbw, busbw, #wrong, algo.
+inline void print_row(std::size_t bytes, std::size_t count, const char* type, const char* redop, int root, double us,
+                      double algbw, double busbw, const std::string& wrong, const char* algo) {
+  std::printf("%12zu  %12zu  %8s  %6s  %6d  %7s  %6.2f  %6.2f  %6s  %s\n", bytes, count, type, redop, root,
+              format_time(us).c_str(), algbw, busbw, wrong.c_str(), algo);
 }
 
 }  // namespace bench_cli

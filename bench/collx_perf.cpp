@@ -440,24 +440,6 @@ template <class C, class E, class Op>
 }
 
 // ---- printing -------------------------------------------------------------------------------
-void print_columns() {
-  std::printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %s\n", "size", "count", "type", "redop", "root",
-              "time", "algbw", "busbw", "#wrong", "algo");
-  std::printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s\n", "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)");
-}
-
-std::string format_time(double us) {
-  char b[32];
-  std::snprintf(b, sizeof b, us >= 10000.0 ? "%7.0f" : us >= 100.0 ? "%7.1f" : "%7.2f", us);
-  return b;
-}
-
-std::size_t next_size(const config& cfg, std::size_t b) {
-  const std::size_t max = std::numeric_limits<std::size_t>::max();
-  if (cfg.factor > 1) return b == 0 ? 1 : (b > max / cfg.factor ? max : b * cfg.factor);
-  return b > max - cfg.stepbytes ? max : b + cfg.stepbytes;
-}
-
 struct totals {
   std::size_t wrong = 0;
 };
@@ -478,14 +460,7 @@ struct sweep_info {
 void sweep(const config& cfg, const sweep_info& si, totals& tot) {
   std::printf("# collx-perf  %s  transport: %s  ranks: %d (%s)\n", si.coll, cfg.transport.c_str(), cfg.ranks,
               transport_words(cfg.transport));
-  if (cfg.factor > 1)
-    std::printf("# minBytes %zu maxBytes %zu step: %zu(factor) warmup iters: %d iters: %d validation: %d\n",
-                cfg.minbytes, cfg.maxbytes, cfg.factor, cfg.warmup, cfg.iters, int(cfg.check));
-  else
-    std::printf("# minBytes %zu maxBytes %zu step: %zu(bytes) warmup iters: %d iters: %d validation: %d\n",
-                cfg.minbytes, cfg.maxbytes, cfg.stepbytes, cfg.warmup, cfg.iters, int(cfg.check));
-  std::printf("# busbw = algbw x %s = algbw x %.3f at %d ranks\n#\n", si.bus, si.bus_factor, cfg.ranks);
-  print_columns();
+  bench_cli::print_sweep_header(cfg, si.bus, si.bus_factor, cfg.ranks);
   std::fflush(stdout);
 
   std::string averages;
@@ -503,13 +478,12 @@ void sweep(const config& cfg, const sweep_info& si, totals& tot) {
       tot.wrong += wrong;
       wrong_here += wrong;
       const std::string wrong_s = cfg.check ? std::to_string(wrong) : "N/A";
-      std::printf("%12zu  %12zu  %8s  %6s  %6d  %7s  %6.2f  %6.2f  %6s  %s\n", rw.sh.bytes, rw.sh.count, si.dtype,
-                  si.redop, si.rooted ? cfg.root : -1, format_time(rw.us).c_str(), algbw, busbw, wrong_s.c_str(),
-                  b.policy);
+      bench_cli::print_row(rw.sh.bytes, rw.sh.count, si.dtype, si.redop, si.rooted ? cfg.root : -1, rw.us, algbw, busbw,
+                           wrong_s, b.policy);
       std::fflush(stdout);
       sum_bw += busbw;
       ++rows;
-      const std::size_t nb = next_size(cfg, bytes);
+      const std::size_t nb = bench_cli::next_size(cfg, bytes);
       if (nb <= bytes) break;
       bytes = nb;
     }
