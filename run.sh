@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # collx: the two commands.
 #   ./run.sh demo   builds collx-perf and runs real collectives on 8 ranks, every policy: as
-#                   threads, then as processes over shared memory
+#                   threads, then as processes over shared memory, then over TCP (127.0.0.1)
 #   ./run.sh test   builds and runs the whole test suite: release, then AddressSanitizer+UBSan,
 #                   then ThreadSanitizer (the threaded-transport subset), then the libFuzzer
 #                   targets (tcp's wire format and rendezvous store) for a bounded time each
@@ -37,6 +37,7 @@ case "${1:-}" in
     cmake --build build-demo -j "$jobs" --target collx-perf
     ./build-demo/bench/collx-perf --demo                    # ranks as threads
     ./build-demo/bench/collx-perf --demo --transport shm    # ranks as processes over shared memory
+    ./build-demo/bench/collx-perf --demo --transport tcp    # ranks as processes over TCP sockets
     ;;
   test)
     need "${base_pkgs[@]}" catch2 libbenchmark-dev openmpi-bin libopenmpi-dev clang libclang-rt-14-dev iproute2
