@@ -176,13 +176,9 @@ unsigned long long sweep(B& be, const config& cfg, const coll_info& ci, int rank
   for (std::size_t bytes = cfg.minbytes; bytes <= cfg.maxbytes;) {
     const row rw = run_size(be, cfg, ci, bytes, rank, n);
     if (rank == 0) {
-      const double sec = rw.us * 1e-6;
-      const double algbw = sec > 0 ? double(rw.sh.bytes) / 1e9 / sec : 0.0;
-      const double busbw = algbw * f;
       wrong_all += rw.wrong;
-      const std::string wrong_s = cfg.check ? std::to_string(rw.wrong) : "N/A";
-      bench_cli::print_row(rw.sh.bytes, rw.sh.count, "float", ci.reduces ? "sum" : "none", ci.rooted ? cfg.root : -1, rw.us,
-                           algbw, busbw, wrong_s, be.algo());
+      const double busbw = bench_cli::print_row(rw.sh.bytes, rw.sh.count, "float", ci.reduces ? "sum" : "none",
+                                                ci.rooted ? cfg.root : -1, rw.us, f, cfg.check, rw.wrong, be.algo());
       std::fflush(stdout);
       sum_bw += busbw;
       ++rows;

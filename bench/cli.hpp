@@ -146,11 +146,27 @@ inline void print_sweep_header(const sweep_flags& cfg, const char* bus, double b
   std::printf("# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s\n", "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)");
 }
 
-/// One row: size, count, type, redop, root, time, algbw, busbw, #wrong, algo.
-inline void print_row(std::size_t bytes, std::size_t count, const char* type, const char* redop, int root, double us,
-                      double algbw, double busbw, const std::string& wrong, const char* algo) {
+/// One row: size, count, type, redop, root, time, algbw, busbw, #wrong, algo; algbw = bytes /
+/// time, busbw = algbw x bus_factor. Returns busbw (for the sweep's average).
+inline double print_row(std::size_t bytes, std::size_t count, const char* type, const char* redop, int root, double us,
+                        double bus_factor, bool checked, unsigned long long wrong, const char* algo) {
+  const double sec = us * 1e-6;
+  const double algbw = sec > 0 ? double(bytes) / 1e9 / sec : 0.0;
+  const double busbw = algbw * bus_factor;
+  const std::string w = checked ? std::to_string(wrong) : "N/A";
   std::printf("%12zu  %12zu  %8s  %6s  %6d  %7s  %6.2f  %6.2f  %6s  %s\n", bytes, count, type, redop, root,
-              format_time(us).c_str(), algbw, busbw, wrong.c_str(), algo);
+              format_time(us).c_str(), algbw, busbw, w.c_str(), algo);
+  return busbw;
 }
+
+/// The help lines of the sweep flags every driver takes (parse_flags).
+inline constexpr const char* kSweepHelp =
+    "  -b, --minbytes SIZE        smallest size (default 32M); SIZE takes K, M, G suffixes (x1024)\n"
+    "  -e, --maxbytes SIZE        largest size (default 32M)\n"
+    "  -f, --stepfactor F         multiply the size by F each step\n"
+    "  -i, --stepbytes SIZE       add SIZE each step (default 1M; used when -f is not given)\n"
+    "  -n, --iters N              timed iterations per size (default 20)\n"
+    "  -w, --warmup_iters N       untimed iterations before them (default 5)\n"
+    "  -c, --check 0|1            check the results against a serial reference (default 1)\n";
 
 }  // namespace bench_cli

@@ -470,16 +470,12 @@ void sweep(const config& cfg, const sweep_info& si, totals& tot) {
     int rows = 0;
     for (std::size_t bytes = cfg.minbytes; bytes <= cfg.maxbytes;) {
       const row rw = b.run(bytes);
-      const double sec = rw.us * 1e-6;
-      const double algbw = sec > 0 ? double(rw.sh.bytes) / 1e9 / sec : 0.0;
-      const double busbw = algbw * si.bus_factor;
       std::size_t wrong = 0;
       for (std::size_t w : rw.wrong) wrong += w;
       tot.wrong += wrong;
       wrong_here += wrong;
-      const std::string wrong_s = cfg.check ? std::to_string(wrong) : "N/A";
-      bench_cli::print_row(rw.sh.bytes, rw.sh.count, si.dtype, si.redop, si.rooted ? cfg.root : -1, rw.us, algbw, busbw,
-                           wrong_s, b.policy);
+      const double busbw = bench_cli::print_row(rw.sh.bytes, rw.sh.count, si.dtype, si.redop, si.rooted ? cfg.root : -1,
+                                                rw.us, si.bus_factor, cfg.check, wrong, b.policy);
       std::fflush(stdout);
       sum_bw += busbw;
       ++rows;
@@ -584,13 +580,7 @@ void usage(std::FILE* f) {
                "  -d, --datatype T           %s (default float)\n"
                "  -o, --redop OP             %s (default sum; ignored by collectives that do not reduce)\n"
                "  -r, --root R               root of broadcast and reduce (default 0)\n"
-               "  -b, --minbytes SIZE        smallest size (default 32M); SIZE takes K, M, G suffixes (x1024)\n"
-               "  -e, --maxbytes SIZE        largest size (default 32M)\n"
-               "  -f, --stepfactor F         multiply the size by F each step\n"
-               "  -i, --stepbytes SIZE       add SIZE each step (default 1M; used when -f is not given)\n"
-               "  -n, --iters N              timed iterations per size (default 20)\n"
-               "  -w, --warmup_iters N       untimed iterations before them (default 5)\n"
-               "  -c, --check 0|1            check the results against a serial reference (default 1)\n"
+               "%s"
                "  --transport threads|shm|tcp  ranks as threads of this process, or as forked processes over\n"
                "                             POSIX shared memory (transport::shm) or TCP on 127.0.0.1\n"
                "                             (transport::tcp, rank 0 serving the rendezvous store)\n"
@@ -598,7 +588,7 @@ void usage(std::FILE* f) {
                "  -h, --help                 this text\n"
                "Exit status: 0, or 1 when any #wrong > 0, 2 for bad flags, 3 when a collective fails.\n",
                names(collectives{}).c_str(), names(policies{}).c_str(), names(dtypes{}).c_str(),
-               names(redops{}).c_str());
+               names(redops{}).c_str(), bench_cli::kSweepHelp);
 }
 
 

@@ -115,15 +115,9 @@ void usage(std::FILE* f) {
                "  --op COLL                  all_reduce|all_gather|broadcast|all_to_all (default all_reduce)\n"
                "  --algo A                   all_reduce: ring|ring_chunked|halving_doubling|all (default all)\n"
                "  -r, --root R               root of broadcast (default 0)\n"
-               "  -b, --minbytes SIZE        smallest size (default 32M); SIZE takes K, M, G suffixes (x1024)\n"
-               "  -e, --maxbytes SIZE        largest size (default 32M)\n"
-               "  -f, --stepfactor F         multiply the size by F each step\n"
-               "  -i, --stepbytes SIZE       add SIZE each step (default 1M; used when -f is not given)\n"
-               "  -n, --iters N              timed iterations per size (default 20)\n"
-               "  -w, --warmup_iters N       untimed iterations before them (default 5)\n"
-               "  -c, --check 0|1            check the results against a serial reference (default 1)\n"
+               "%s"
                "  -h, --help                 this text\n"
-               "Exit status: 0, or 1 when any #wrong > 0, 2 for bad flags, 3 when a call fails.\n");
+               "Exit status: 0, or 1 when any #wrong > 0, 2 for bad flags, 3 when a call fails.\n", bench_cli::kSweepHelp);
 }
 
 /// One rank: connect, then one sweep per algorithm. Returns the wrong elements (rank 0).
