@@ -146,9 +146,10 @@ TEST_CASE("double binary tree: every rank sends at most 2·D, all ranks together
 }
 
 TEST_CASE("pairwise all_to_all: N-1 steps, (N-1)/N·D bytes per rank", "[cost][pairwise]") {
-  for (int n : {2, 3, 7, 16}) {
+  // Blocks just over tuning::a2a_one_step_bytes: one exchange per step.
+  const std::size_t k = algo::tuning::a2a_one_step_bytes / sizeof(int) + 1;
+  for (int n : {2, 3, 5}) {
     CAPTURE(n);
-    const std::size_t k = 321;
     const auto t = count_traffic(n, [&](auto& comm) {
       std::vector<int> in(k * std::size_t(n)), out(in.size());
       collx::all_to_all(comm, std::span<const int>{in}, std::span{out});
@@ -157,6 +158,9 @@ TEST_CASE("pairwise all_to_all: N-1 steps, (N-1)/N·D bytes per rank", "[cost][p
       CHECK(x.steps == std::uint64_t(n - 1));
       CHECK(x.bytes_sent == std::uint64_t(n - 1) * k * 4);
     }
+  }
+  for (int n : {2, 3, 7, 16}) {
+    CAPTURE(n);
     // Tiny blocks (<= tuning::a2a_one_step_bytes): every exchange in one step.
     const auto tiny = count_traffic(n, [&](auto& comm) {
       std::vector<int> in(8 * std::size_t(n)), out(in.size());

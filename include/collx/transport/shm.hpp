@@ -2,7 +2,9 @@
 // transport::shm — ranks are processes on one host, talking through POSIX shared memory.
 //
 // One segment per job, named /collx-<job> (mode 0600), holds a control block per rank and a
-// channel per ordered pair of ranks. A channel is a ring of kSlots slots of slot_bytes each: the
+// channel per ordered pair of ranks. A channel is a ring of kLines cache lines (a chunk's header,
+// and its data when it fits in the line), each with a small buffer of kSmallBytes for a chunk
+// that does not, and a ring of kSlots data slots of slot_bytes each for larger chunks: the
 // sender copies a message in, chunk by chunk, the receiver copies or reduces each chunk straight
 // out of the slot into its destination, so a large message streams through a few hundred KiB
 // that stay in cache, and the two copies cost little more memory traffic than one.
@@ -81,6 +83,14 @@ struct shm_config {
   ///   one-way single copy.
   std::size_t single_copy_bytes = std::size_t(16) << 10;
   std::size_t single_copy_crowded_bytes = std::size_t(512) << 10;
+  /// - crowded, a step that sends to several peers at once (all_to_all in one step,
+  ///   algo/pairwise.hpp): a receiver reads whichever sender's buffer it reaches first, so no
+  ///   sender waits on one particular peer being scheduled. 4 processes on 2 cores, all_to_all
+  ///   of 512 KiB (128 KiB blocks), medians of 9 alternating runs,
+  ///   `COLLX_SHM_SINGLE_COPY_BYTES=<65536|unset> collx-perf --transport shm -np 4 --op all_to_all
+  ///   -b 8K -e 8M -f 4 -n 100`: 79.7 vs 126.5 us (Open MPI in the same runs: 87.1); 2-8 MiB
+  ///   even (DRAM-bound). From 64 KiB messages.
+  std::size_t single_copy_crowded_fan_bytes = std::size_t(64) << 10;
   std::size_t single_copy_one_way_bytes = std::size_t(128) << 10;
   std::size_t single_copy_one_way_max_bytes = std::size_t(512) << 10;
   /// When set, every data-moving message of at least this many bytes goes single copy, and the
@@ -102,9 +112,11 @@ struct shm_config {
   }
   bool single_copy_never() const noexcept { return single_copy_forced_bytes == ~std::size_t(0); }
   /// Whether a message of `bytes` goes single copy; `exchange`: the sender also receives in
-  /// this step; `crowded`: the job's ranks outnumber its cores.
-  bool single_copy_for(std::size_t bytes, bool exchange, bool crowded) const noexcept {
+  /// this step; `fan`: it sends to several peers in this step; `crowded`: the job's ranks
+  /// outnumber its cores.
+  bool single_copy_for(std::size_t bytes, bool exchange, bool fan, bool crowded) const noexcept {
     if (single_copy_forced_bytes != 0) return bytes >= single_copy_forced_bytes;
+    if (exchange && crowded && fan) return bytes >= single_copy_crowded_fan_bytes;
     if (exchange) return bytes >= (crowded ? single_copy_crowded_bytes : single_copy_bytes);
     return !crowded && bytes >= single_copy_one_way_bytes && bytes <= single_copy_one_way_max_bytes;
   }
@@ -116,8 +128,20 @@ class shm {
   using memory_space = host_memory;
   static constexpr const char* name = "shm";
 
-  /// Slots per channel: how far a sender may run ahead of its receiver.
+  /// Data slots per channel: how far a sender of chunks larger than a line may run ahead of its
+  /// receiver.
   static constexpr std::uint32_t kSlots = 8;
+  /// Lines per channel: how far a sender of chunks of up to kSmallBytes (or a single-copy
+  /// announcement) may run ahead. When ranks outnumber cores a receiver is often
+  /// descheduled, and a deeper ring lets its sender go on until it is: 4 processes on 2 cores,
+  /// medians of 7 alternating runs, `collx-perf --transport shm -np 4 --op broadcast -b 8
+  /// -e 2K -f 4 -n 1000`, 8 B broadcast 1.0 us per call with 8 lines, 0.6 with 32 (Open MPI 0.4).
+  static constexpr std::uint32_t kLines = 64;
+  static_assert(kLines % kSlots == 0, "a chunk's data slot is its line number mod kSlots");
+  /// Bytes a line's own buffer holds. Up to this size a sender may run kLines ahead (above):
+  /// the same command, 128 B broadcast 1.0 us per call in a data slot, against the figure in
+  /// docs/performance.md in the line's buffer.
+  static constexpr std::size_t kSmallBytes = 1024;
 
   using config = shm_config;
 
@@ -199,10 +223,10 @@ class shm {
           }
           continue;
         }
-        if (!st.done && single_copy && cfg_.single_copy_for(d.bytes, !recvs.empty(), spin_ < detail::kSpinIterations) && first_to(sends, ss, i)) {
+        if (!st.done && single_copy && cfg_.single_copy_for(d.bytes, !recvs.empty(), sends.size() > 1, spin_ < detail::kSpinIterations) && first_to(sends, ss, i)) {
           const std::uint32_t posted = c.posted.load(std::memory_order_relaxed);
-          if (!has_room(c, posted)) continue;
-          const std::uint32_t k = posted % kSlots;
+          if (!has_room(c, posted, false)) continue;
+          const std::uint32_t k = posted % kLines;
           slot_line& l = c.line[k];
           l.total = d.bytes;
           l.chunk = kRemote;
@@ -219,20 +243,15 @@ class shm {
         }
         while (!st.done && first_to(sends, ss, i)) {
           const std::uint32_t posted = c.posted.load(std::memory_order_relaxed);
-          if (!has_room(c, posted)) break;
           const std::size_t nb = std::min(chunk, d.bytes - st.off);
-          const std::uint32_t k = posted % kSlots;
+          if (!has_room(c, posted, needs_slot(nb))) break;
+          const std::uint32_t k = posted % kLines;
           slot_line& l = c.line[k];
           l.total = d.bytes;
           l.chunk = std::uint32_t(nb);
           l.sig_hash = my_hash;
           c.sig[k] = call.sig;  // read by the receiver only to report a mismatch
-          if (nb == 0) {
-          } else if (nb <= sizeof l.inline_data) {
-            std::memcpy(l.inline_data, d.data + st.off, nb);
-          } else {
-            std::memcpy(slot(rank_, d.peer, k), d.data + st.off, nb);
-          }
+          if (nb != 0) std::memcpy(chunk_data(rank_, d.peer, posted, nb), d.data + st.off, nb);
           l.seq.store(posted + 1, std::memory_order_release);
           c.posted.store(posted + 1, std::memory_order_relaxed);
           ring(d.peer);
@@ -247,7 +266,7 @@ class shm {
         channel_ctl& c = ctl(d.peer, rank_);
         while (!st.done && first_to(recvs, rs, i)) {
           const std::uint32_t consumed = c.consumed.load(std::memory_order_relaxed);
-          const std::uint32_t k = consumed % kSlots;
+          const std::uint32_t k = consumed % kLines;
           const slot_line& l = c.line[k];
           if (l.seq.load(std::memory_order_acquire) != consumed + 1) break;
           if (!st.started && (l.sig_hash != my_hash || l.total != d.bytes))
@@ -280,7 +299,7 @@ class shm {
           if (nb > d.bytes - st.off || nb % elem != 0 || (nb == 0 && d.bytes != 0))
             call.fail(errc::mismatch, "got a chunk of " + std::to_string(nb) + " B from rank " + std::to_string(d.peer) +
                                           " where " + std::to_string(d.bytes - st.off) + " B remained");
-          const std::byte* src = nb <= sizeof l.inline_data ? l.inline_data : slot(d.peer, rank_, k);
+          const std::byte* src = chunk_data(d.peer, rank_, consumed, nb);
           if (nb != 0) {
             if (d.how == combine::copy) std::memcpy(d.dst + st.off, src, nb);
             else if (d.how == combine::received_left) ctx.comb(d.dst + st.off, src, d.with + st.off, nb / elem);
@@ -304,13 +323,15 @@ class shm {
           if (std::int32_t(c.consumed.load(std::memory_order_acquire) - ss[i].ack_at) >= 0) return true;
           continue;
         }
-        if (has_room(c, c.posted.load(std::memory_order_relaxed))) return true;
+        // (a single-copy send needs only a line: asking for a slot is conservative)
+        if (has_room(c, c.posted.load(std::memory_order_relaxed), needs_slot(std::min(chunk, sends[i].bytes - ss[i].off))))
+          return true;
       }
       for (std::size_t i = 0; i < recvs.size(); ++i) {
         if (rs[i].done || !first_to(recvs, rs, i)) continue;
         const channel_ctl& c = ctl(recvs[i].peer, rank_);
         const std::uint32_t consumed = c.consumed.load(std::memory_order_relaxed);
-        if (c.line[consumed % kSlots].seq.load(std::memory_order_acquire) == consumed + 1) return true;
+        if (c.line[consumed % kLines].seq.load(std::memory_order_acquire) == consumed + 1) return true;
       }
       return false;
     };
@@ -434,16 +455,30 @@ class shm {
     std::uint32_t consumed_seen;        // the sender's last view of `consumed`
     std::atomic<std::uint32_t> reading; // 1 while the receiver reads the sender's buffer (single copy)
     alignas(64) std::atomic<std::uint32_t> consumed;  // chunks consumed; written by the receiver
-    alignas(64) slot_line line[kSlots];
-    call_signature sig[kSlots];  // the sender's full signature, for mismatch messages
+    alignas(64) slot_line line[kLines];
+    call_signature sig[kLines];  // the sender's full signature, for mismatch messages
+    alignas(64) std::byte small[kLines][kSmallBytes];  // chunks of 41 .. kSmallBytes bytes
   };
 
-  /// Room for one more chunk? The sender re-reads the receiver's `consumed` (a line the receiver
-  /// owns) only when its cached view says the ring is full.
-  static bool has_room(channel_ctl& c, std::uint32_t posted) {
-    if (posted - c.consumed_seen < kSlots) return true;
+  /// Room for one more chunk? One that needs a data slot (more than a line holds) may be at most
+  /// kSlots ahead of the receiver, one that fits in its line kLines: chunk p uses line p % kLines
+  /// and data slot p % kSlots, and with kSlots dividing kLines both were freed once `consumed`
+  /// passed p - kSlots (resp. p - kLines). The sender re-reads the receiver's `consumed` (a line
+  /// the receiver owns) only when its cached view says the ring is full.
+  static bool has_room(channel_ctl& c, std::uint32_t posted, bool needs_slot) {
+    const std::uint32_t depth = needs_slot ? kSlots : kLines;
+    if (posted - c.consumed_seen < depth) return true;
     c.consumed_seen = c.consumed.load(std::memory_order_acquire);
-    return posted - c.consumed_seen < kSlots;
+    return posted - c.consumed_seen < depth;
+  }
+  static bool needs_slot(std::size_t chunk_bytes) { return chunk_bytes > kSmallBytes; }
+  /// Where chunk number `p` of `nb` bytes lies in channel from -> to.
+  std::byte* chunk_data(int from, int to, std::uint32_t p, std::size_t nb) const {
+    channel_ctl& c = ctl(from, to);
+    slot_line& l = c.line[p % kLines];
+    if (nb <= sizeof l.inline_data) return l.inline_data;
+    if (nb <= kSmallBytes) return c.small[p % kLines];
+    return slot(from, to, p % kSlots);
   }
 
   static std::uint64_t signature_hash(const call_signature& g) {
