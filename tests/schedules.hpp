@@ -3,75 +3,22 @@
 // tests can check them against each other (matching), against themselves (hazards) and against
 // cost formulas.
 #include <collx/collx.hpp>
+#include <collx/model.hpp>
 
 #include <string>
 #include <vector>
 
 namespace collx_test {
 
-enum class coll { all_reduce, reduce_scatter, all_gather, broadcast, reduce, all_to_all };
+using coll = collx::algo::collective;
+using collx::model::name;
 
-inline const char* name(coll c) {
-  switch (c) {
-    case coll::all_reduce: return "all_reduce";
-    case coll::reduce_scatter: return "reduce_scatter";
-    case coll::all_gather: return "all_gather";
-    case coll::broadcast: return "broadcast";
-    case coll::reduce: return "reduce";
-    case coll::all_to_all: return "all_to_all";
-  }
-  return "?";
-}
-
-/// The schedules of all n ranks, as the collectives build them (all_reduce: the policy's own, or
-/// reduce-scatter + all-gather appended). `count` is the collective's count argument.
+/// The schedules of all n ranks, as the collectives build them (collx::model::schedules).
+/// `count` is the collective's count argument.
 template <class Algo>
 std::vector<collx::schedule> schedules(const Algo& a, coll c, int n, std::size_t count, int root = 0,
                                        bool commutative = true, std::size_t elem = 4) {
-  using namespace collx;
-  std::vector<schedule> v;
-  std::vector<std::size_t> counts(static_cast<std::size_t>(n), count), offs(static_cast<std::size_t>(n));
-  for (int i = 0; i < n; ++i) offs[std::size_t(i)] = std::size_t(i) * count;
-  for (int r = 0; r < n; ++r) {
-    switch (c) {
-      case coll::all_reduce:
-        if constexpr (requires(const algo::ar_problem& p) { a.all_reduce(p); }) {
-          v.push_back(a.all_reduce({r, n, count, elem, commutative, buf::in}));
-        } else if constexpr (requires(const algo::rs_problem& p) { a.reduce_scatter(p); }) {
-          // Two executions, one after the other: the all-gather starts on a common timeline
-          // after the longest reduce-scatter.
-          const partition b(count, n);
-          int shift = 0;
-          for (int q = 0; q < n; ++q)
-            shift = std::max(shift, a.reduce_scatter({q, n, b, buf::in, buf::out, elem, commutative}).span());
-          schedule s = a.reduce_scatter({r, n, b, buf::in, buf::out, elem, commutative});
-          s.append(a.all_gather({r, n, b, true, 0, elem}), shift);
-          v.push_back(s);
-        }
-        break;
-      case coll::reduce_scatter:
-        if constexpr (requires(const algo::rs_problem& p) { a.reduce_scatter(p); })
-          v.push_back(a.reduce_scatter({r, n, partition(count * std::size_t(n), n), buf::in, buf::none, elem, commutative}));
-        break;
-      case coll::all_gather:
-        if constexpr (requires(const algo::ag_problem& p) { a.all_gather(p); })
-          v.push_back(a.all_gather({r, n, partition(count * std::size_t(n), n), false, 0, elem}));
-        break;
-      case coll::broadcast:
-        if constexpr (requires(const algo::bcast_problem& p) { a.broadcast(p); })
-          v.push_back(a.broadcast({r, n, root, count, elem}));
-        break;
-      case coll::reduce:
-        if constexpr (requires(const algo::reduce_problem& p) { a.reduce(p); })
-          v.push_back(a.reduce({r, n, root, count, elem, commutative}));
-        break;
-      case coll::all_to_all:
-        if constexpr (requires(const algo::a2a_problem& p) { a.all_to_all(p); })
-          v.push_back(a.all_to_all(algo::a2a_problem{r, n, std::span<const std::size_t>(counts), std::span<const std::size_t>(offs), std::span<const std::size_t>(counts), std::span<const std::size_t>(offs), elem, true}));
-        break;
-    }
-  }
-  return v;
+  return collx::model::schedules(a, collx::model::problem{c, n, count, elem, root, commutative});
 }
 
 /// Every send must meet a receive of the same size in the same step of its peer, in the same
@@ -125,12 +72,6 @@ inline std::string check_consistent(const std::vector<collx::schedule>& all) {
 }
 
 /// The length of the global timeline: the number of steps on the critical path.
-inline int span(const std::vector<collx::schedule>& all) {
-  int s = 0;
-  for (const auto& x : all)
-    for (const auto& st : x.steps())
-      if (st.sends_end > st.sends_begin || st.recvs_end > st.recvs_begin) s = std::max(s, st.time + 1);
-  return s;
-}
+inline int span(const std::vector<collx::schedule>& all) { return collx::model::timeline(all); }
 
 }  // namespace collx_test

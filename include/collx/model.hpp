@@ -1,0 +1,304 @@
+#pragma once
+// collx/model.hpp — the cost model, derived from the schedules themselves.
+//
+// Nothing here is a formula written per algorithm. For a policy, a collective, N ranks and a
+// size, the model builds every rank's schedule exactly as the collectives do (schedules()), then
+// walks them (analyse()):
+//   - per rank: the steps with a message, the messages and bytes sent and received, and the bytes
+//     reduced: exactly what transport::counting records when the collective runs;
+//   - on the critical path, the global timeline (steps of all ranks with equal time run together):
+//       steps    the timeline's length,
+//       bytes    Σ over steps of the most bytes one rank sends or receives in that step (links
+//                are full duplex; a rank sending to two peers in one step pays for both),
+//       reduced  Σ over steps of the most bytes one rank reduces in that step.
+// and predicts   time = α·steps + β·bytes + γ·reduced
+// with α the latency of one step, β the seconds per byte on a link and γ the seconds per byte
+// reduced, measured on this machine by `collx-perf --calibrate` (calibration.hpp), or shipped
+// defaults. The textbook costs come out of the walk (tests/test_model.cpp checks them): ring
+// all-reduce 2(N-1) steps and 2(N-1)/N·D bytes; recursive halving 2·log2 N steps; the double
+// binary tree 2·ceil(log2 N) steps for one chunk.
+//
+// algo::automatic picks, per call, the policy with the least predicted time (best()).
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "algo/automatic.hpp"
+#include "algo/pairwise.hpp"
+#include "algo/recursive_doubling.hpp"
+#include "algo/recursive_halving.hpp"
+#include "algo/ring.hpp"
+#include "algo/tree.hpp"
+#include "partition.hpp"
+#include "schedule.hpp"
+#include "transport/counting.hpp"
+
+namespace collx::model {
+
+using algo::choice;
+using algo::collective;
+
+inline constexpr collective all_collectives[] = {collective::all_reduce, collective::reduce_scatter,
+                                                 collective::all_gather, collective::broadcast,
+                                                 collective::reduce,     collective::all_to_all};
+inline constexpr choice all_policies[] = {choice::ring, choice::tree, choice::recursive_halving,
+                                          choice::recursive_doubling, choice::pairwise};
+
+inline const char* name(collective c) noexcept {
+  switch (c) {
+    case collective::all_reduce: return "all_reduce";
+    case collective::reduce_scatter: return "reduce_scatter";
+    case collective::all_gather: return "all_gather";
+    case collective::broadcast: return "broadcast";
+    case collective::reduce: return "reduce";
+    case collective::all_to_all: return "all_to_all";
+  }
+  return "?";
+}
+
+inline const char* name(choice p) noexcept {
+  switch (p) {
+    case choice::ring: return algo::ring::name;
+    case choice::tree: return algo::tree::name;
+    case choice::recursive_halving: return algo::recursive_halving::name;
+    case choice::recursive_doubling: return algo::recursive_doubling::name;
+    case choice::pairwise: return algo::pairwise::name;
+  }
+  return "?";
+}
+
+inline std::optional<collective> parse_collective(std::string_view s) {
+  for (collective c : all_collectives)
+    if (s == name(c)) return c;
+  return std::nullopt;
+}
+
+inline std::optional<choice> parse_policy(std::string_view s) {
+  for (choice p : all_policies)
+    if (s == name(p)) return p;
+  return std::nullopt;
+}
+
+/// One call, as every rank passes it.
+struct problem {
+  collective coll = collective::all_reduce;
+  int n = 1;
+  /// The collective's count argument: all_reduce, broadcast, reduce: the buffer's elements;
+  /// reduce_scatter: the output's (one block); all_gather: the input's (one block); all_to_all:
+  /// one block's.
+  std::size_t count = 0;
+  std::size_t elem = 4;
+  int root = 0;
+  bool commutative = true;
+
+  static bool split(collective c) noexcept {
+    return c == collective::reduce_scatter || c == collective::all_gather || c == collective::all_to_all;
+  }
+  /// nccl-tests' "size": the buffer, or the N blocks of the split collectives.
+  std::size_t bytes() const noexcept { return (split(coll) ? std::size_t(n) : 1) * count * elem; }
+  /// The problem whose bytes() is `bytes` (rounded down to whole elements and blocks).
+  static problem of_bytes(collective c, int n, std::size_t bytes, std::size_t elem = 4, int root = 0,
+                          bool commutative = true) {
+    const std::size_t e = std::max<std::size_t>(1, elem);
+    const std::size_t count = bytes / e / (split(c) ? std::size_t(std::max(1, n)) : 1);
+    return {c, n, count, e, root, commutative};
+  }
+};
+
+/// Whether policy A has a schedule for collective c (all_reduce: its own, or reduce-scatter +
+/// all-gather) and can honour the op's commutativity.
+template <class A>
+constexpr bool supports(collective c, bool commutative) {
+  const bool reduces = c == collective::all_reduce || c == collective::reduce_scatter || c == collective::reduce;
+  if (reduces && !commutative && !A::keeps_rank_order) return false;
+  switch (c) {
+    case collective::all_reduce:
+      return requires(const A& a, const algo::ar_problem& p) { a.all_reduce(p); } ||
+             requires(const A& a, const algo::rs_problem& p) { a.reduce_scatter(p); };
+    case collective::reduce_scatter: return requires(const A& a, const algo::rs_problem& p) { a.reduce_scatter(p); };
+    case collective::all_gather: return requires(const A& a, const algo::ag_problem& p) { a.all_gather(p); };
+    case collective::broadcast: return requires(const A& a, const algo::bcast_problem& p) { a.broadcast(p); };
+    case collective::reduce: return requires(const A& a, const algo::reduce_problem& p) { a.reduce(p); };
+    case collective::all_to_all: return requires(const A& a, const algo::a2a_problem& p) { a.all_to_all(p); };
+  }
+  return false;
+}
+
+/// Calls f with the policy object that `p` names.
+template <class F>
+decltype(auto) visit(choice p, F&& f) {
+  switch (p) {
+    case choice::ring: return f(algo::ring{});
+    case choice::tree: return f(algo::tree{});
+    case choice::recursive_halving: return f(algo::recursive_halving{});
+    case choice::recursive_doubling: return f(algo::recursive_doubling{});
+    case choice::pairwise: break;
+  }
+  return f(algo::pairwise{});
+}
+
+inline bool supports(choice p, collective c, bool commutative) {
+  return visit(p, [&](const auto& a) { return supports<std::decay_t<decltype(a)>>(c, commutative); });
+}
+
+/// The length of the common timeline: the last step time with a message, plus one.
+inline int timeline(std::span<const schedule> all) {
+  int t = 0;
+  for (const schedule& s : all)
+    for (const step& st : s.steps())
+      if (st.sends_end > st.sends_begin || st.recvs_end > st.recvs_begin) t = std::max(t, st.time + 1);
+  return t;
+}
+
+/// Every rank's schedule for `pr`, built as the collectives build them (empty when the policy
+/// has none). all_reduce by reduce-scatter + all-gather: the all-gather starts on the common
+/// timeline once the longest reduce-scatter has ended (the collective runs them one after the
+/// other); `ag_start`, when given, receives that step (-1 for a policy's own all_reduce).
+template <class A>
+std::vector<schedule> schedules(const A& a, const problem& pr, int* ag_start = nullptr) {
+  std::vector<schedule> v;
+  if (ag_start) *ag_start = -1;
+  if (!supports<A>(pr.coll, pr.commutative)) return v;
+  const int n = pr.n;
+  const std::size_t k = pr.count, e = pr.elem;
+  const auto un = std::size_t(n);
+  std::vector<std::size_t> counts(un, k), offs(un);
+  for (std::size_t i = 0; i < un; ++i) offs[i] = i * k;
+  for (int r = 0; r < n; ++r) {
+    switch (pr.coll) {
+      case collective::all_reduce:
+        if constexpr (requires(const algo::ar_problem& p) { a.all_reduce(p); }) {
+          v.push_back(a.all_reduce({r, n, k, e, pr.commutative, buf::in}));
+        } else if constexpr (requires(const algo::rs_problem& p) { a.reduce_scatter(p); }) {
+          const partition blocks(k, n);
+          std::vector<schedule> rs;
+          for (int q = 0; q < n; ++q) rs.push_back(a.reduce_scatter({q, n, blocks, buf::in, buf::out, e, pr.commutative}));
+          // (A reduce-scatter may end with a step that only copies its result into place: it
+          // merges into the all-gather's first step and takes no slot of its own.)
+          const int shift = timeline(rs);
+          schedule s = rs[std::size_t(r)];
+          s.append(a.all_gather({r, n, blocks, true, 0, e}), shift);
+          if (ag_start) *ag_start = shift;
+          v.push_back(std::move(s));
+        }
+        break;
+      case collective::reduce_scatter:
+        if constexpr (requires(const algo::rs_problem& p) { a.reduce_scatter(p); })
+          v.push_back(a.reduce_scatter({r, n, partition(k * un, n), buf::in, buf::none, e, pr.commutative}));
+        break;
+      case collective::all_gather:
+        if constexpr (requires(const algo::ag_problem& p) { a.all_gather(p); })
+          v.push_back(a.all_gather({r, n, partition(k * un, n), false, 0, e}));
+        break;
+      case collective::broadcast:
+        if constexpr (requires(const algo::bcast_problem& p) { a.broadcast(p); })
+          v.push_back(a.broadcast({r, n, pr.root, k, e}));
+        break;
+      case collective::reduce:
+        if constexpr (requires(const algo::reduce_problem& p) { a.reduce(p); })
+          v.push_back(a.reduce({r, n, pr.root, k, e, pr.commutative}));
+        break;
+      case collective::all_to_all:
+        if constexpr (requires(const algo::a2a_problem& p) { a.all_to_all(p); })
+          v.push_back(a.all_to_all(algo::a2a_problem{r, n, counts, offs, counts, offs, e, true}));
+        break;
+    }
+  }
+  return v;
+}
+
+inline std::vector<schedule> schedules(choice p, const problem& pr, int* ag_start = nullptr) {
+  return visit(p, [&](const auto& a) { return schedules(a, pr, ag_start); });
+}
+
+/// What a call costs, read off its schedules.
+struct cost {
+  int steps = 0;              // the critical path: the common timeline's length
+  std::uint64_t bytes = 0;    // Σ over steps of the most bytes one rank sends or receives in it
+  std::uint64_t reduced = 0;  // Σ over steps of the most bytes one rank reduces in it
+  std::vector<transport::traffic> ranks;  // per rank, what transport::counting records
+};
+
+/// Walks every rank's schedule (elements of `elem` bytes).
+inline cost analyse(std::span<const schedule> all, std::size_t elem) {
+  cost c;
+  const int span = timeline(all);
+  c.steps = span;
+  std::vector<std::uint64_t> moved(std::size_t(span), 0), reduced(std::size_t(span), 0);
+  for (const schedule& s : all) {
+    transport::traffic t;
+    for (const step& st : s.steps()) {
+      if (st.sends_end == st.sends_begin && st.recvs_end == st.recvs_begin) continue;
+      ++t.steps;
+      std::uint64_t out = 0, in = 0, red = 0;
+      for (auto i = st.sends_begin; i < st.sends_end; ++i) {
+        ++t.messages_sent;
+        out += s.sends()[i].src.count * elem;
+      }
+      for (auto i = st.recvs_begin; i < st.recvs_end; ++i) {
+        const recv_op& r = s.recvs()[i];
+        ++t.messages_received;
+        in += r.dst.count * elem;
+        if (r.how != combine::copy) red += r.dst.count * elem;
+      }
+      t.bytes_sent += out;
+      t.bytes_received += in;
+      t.bytes_reduced += red;
+      auto& m = moved[std::size_t(st.time)];
+      m = std::max({m, out, in});
+      reduced[std::size_t(st.time)] = std::max(reduced[std::size_t(st.time)], red);
+    }
+    c.ranks.push_back(t);
+  }
+  for (int i = 0; i < span; ++i) {
+    c.bytes += moved[std::size_t(i)];
+    c.reduced += reduced[std::size_t(i)];
+  }
+  return c;
+}
+
+inline cost analyse(choice p, const problem& pr) { return analyse(schedules(p, pr), pr.elem); }
+
+/// α, β, γ: seconds per step, per byte on a link, per byte reduced; and where they came from.
+struct params {
+  double alpha = 0, beta = 0, gamma = 0;
+  std::string source;  // "calibrated <file> (<date>)", "shipped defaults for <transport>", ...
+};
+
+inline double predict(const cost& c, const params& p) {
+  return p.alpha * double(c.steps) + p.beta * double(c.bytes) + p.gamma * double(c.reduced);
+}
+
+struct candidate {
+  choice policy;
+  cost c;
+  double seconds = 0;
+};
+
+/// Every policy that can run `pr`, with its cost and predicted time, in the order of
+/// all_policies (which also breaks ties: the first of equal predictions wins).
+inline std::vector<candidate> evaluate(const problem& pr, const params& p) {
+  std::vector<candidate> v;
+  for (choice q : all_policies) {
+    if (!supports(q, pr.coll, pr.commutative)) continue;
+    candidate x{q, analyse(q, pr), 0};
+    x.seconds = predict(x.c, p);
+    v.push_back(std::move(x));
+  }
+  return v;
+}
+
+/// The policy with the least predicted time for `pr`.
+inline choice best(const problem& pr, const params& p) {
+  const auto v = evaluate(pr, p);
+  if (v.empty()) return choice::pairwise;
+  return std::min_element(v.begin(), v.end(), [](const candidate& a, const candidate& b) { return a.seconds < b.seconds; })
+      ->policy;
+}
+
+}  // namespace collx::model

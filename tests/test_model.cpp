@@ -1,0 +1,175 @@
+// The cost model (collx/model.hpp) against real runs: for every policy, collective and N <= 16,
+// the per-rank counts the model reads off the schedules equal what transport::counting records
+// while the collective runs; the textbook costs come out of the model's walk; and the model's
+// choice follows from its parameters.
+#include <catch2/catch.hpp>
+
+#include <collx/model.hpp>
+
+#include "harness.hpp"
+
+namespace model = collx::model;
+namespace algo = collx::algo;
+using collx::transport::traffic;
+using model::collective;
+
+namespace {
+
+// x ⊕ y = x + 2y: not commutative, so only the rank-order paths may run it.
+struct skew {
+  using reduction_op_concept = collx::reduction_op_tag;
+  static constexpr bool commutative = false;
+  static constexpr const char* name = "skew";
+  float operator()(float a, float b) const { return a + 2 * b; }
+};
+
+template <class A, class Op, class Comm>
+void run(Comm& comm, const A& a, const model::problem& pr, Op op) {
+  const auto n = std::size_t(comm.size()), k = pr.count;
+  std::vector<float> in(model::problem::split(pr.coll) ? n * k : k, 1.0f), out(in.size(), 0.0f);
+  constexpr bool can_reduce = A::keeps_rank_order || collx::is_commutative_v<Op>;
+  switch (pr.coll) {
+    case collective::all_reduce:
+      if constexpr (can_reduce && (requires(const algo::ar_problem& p) { a.all_reduce(p); } ||
+                                   requires(const algo::rs_problem& p) { a.reduce_scatter(p); }))
+        collx::all_reduce(comm, std::span<const float>{in}, std::span{out}, op, a);
+      break;
+    case collective::reduce_scatter:
+      if constexpr (can_reduce && requires(const algo::rs_problem& p) { a.reduce_scatter(p); })
+        collx::reduce_scatter(comm, std::span<const float>{in}, std::span{out}.first(k), op, a);
+      break;
+    case collective::reduce:
+      if constexpr (can_reduce && requires(const algo::reduce_problem& p) { a.reduce(p); })
+        collx::reduce(comm, std::span<const float>{in}, std::span{out}, op, pr.root, a);
+      break;
+    case collective::all_gather:
+      if constexpr (requires(const algo::ag_problem& p) { a.all_gather(p); })
+        collx::all_gather(comm, std::span<const float>{in}.first(k), std::span{out}, a);
+      break;
+    case collective::broadcast:
+      if constexpr (requires(const algo::bcast_problem& p) { a.broadcast(p); })
+        collx::broadcast(comm, std::span{out}, pr.root, a);
+      break;
+    case collective::all_to_all:
+      if constexpr (requires(const algo::a2a_problem& p) { a.all_to_all(p); })
+        collx::all_to_all(comm, std::span<const float>{in}, std::span{out}, a);
+      break;
+  }
+}
+
+/// What transport::counting records on each of pr.n thread-ranks while the collective runs.
+template <class A>
+std::vector<traffic> measured(const A& a, const model::problem& pr) {
+  std::vector<traffic> t(static_cast<std::size_t>(pr.n));
+  collx::launch_threads<collx::transport::counting>(pr.n, [&](auto& comm) {
+    if (pr.commutative) run(comm, a, pr, collx::ops::sum{});
+    else run(comm, a, pr, skew{});
+    t[std::size_t(comm.rank())] = comm.transport().counts();
+  });
+  return t;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("the model's counts are what transport::counting records in a real run", "[model][cost]",
+                   algo::ring, algo::tree, algo::recursive_halving, algo::recursive_doubling, algo::pairwise) {
+  const TestType a{};
+  for (int n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 13, 16})
+    for (collective c : model::all_collectives)
+      for (bool commutative : {true, false}) {
+        if (!model::supports<TestType>(c, commutative)) continue;
+        const bool reduces = c == collective::all_reduce || c == collective::reduce_scatter || c == collective::reduce;
+        if (!commutative && !reduces) continue;
+        for (std::size_t count : {std::size_t(0), std::size_t(1), std::size_t(n + 1), std::size_t(100003)}) {
+          const model::problem pr{c, n, count, 4, n / 2, commutative};
+          CAPTURE(TestType::name, model::name(c), n, count, commutative);
+          const model::cost m = model::analyse(model::schedules(a, pr), pr.elem);
+          const std::vector<traffic> t = measured(a, pr);
+          REQUIRE(m.ranks.size() == t.size());
+          for (std::size_t r = 0; r < t.size(); ++r) {
+            CAPTURE(r);
+            CHECK(m.ranks[r] == t[r]);
+          }
+          // The critical path never has fewer steps than any rank, nor less traffic than the
+          // busiest rank's largest step.
+          for (const traffic& x : t) CHECK(std::uint64_t(m.steps) >= x.steps);
+        }
+      }
+}
+
+TEST_CASE("the textbook costs come out of the model's walk", "[model][cost]") {
+  for (int n : {2, 3, 4, 5, 7, 8, 13, 16}) {
+    CAPTURE(n);
+    const int lg = algo::ceil_log2(n);
+    const bool pow2 = (n & (n - 1)) == 0;
+    // A buffer that every partition divides evenly: D = N · 64 KiB of floats.
+    const std::size_t count = std::size_t(n) * 16384;
+    const std::uint64_t D = count * 4;
+    // Ring all-reduce: 2(N-1) steps; every rank sends 2(N-1)/N·D, reduces (N-1)/N·D; the
+    // critical path moves 2(N-1)/N·D.
+    const model::cost ring = model::analyse(model::choice::ring,
+                                            {collective::all_reduce, n, count});
+    CHECK(ring.steps == 2 * (n - 1));
+    CHECK(ring.bytes * std::uint64_t(n) == 2 * std::uint64_t(n - 1) * D);
+    CHECK(ring.reduced * std::uint64_t(n) == std::uint64_t(n - 1) * D);
+    for (const traffic& x : ring.ranks) CHECK(x.bytes_sent * std::uint64_t(n) == 2 * std::uint64_t(n - 1) * D);
+    // Ring all-gather / reduce-scatter: N-1 steps, (N-1)/N·D.
+    const model::cost ag = model::analyse(model::choice::ring, {collective::all_gather, n, count / std::size_t(n)});
+    CHECK(ag.steps == n - 1);
+    CHECK(ag.bytes * std::uint64_t(n) == std::uint64_t(n - 1) * D);
+    // Recursive halving all-reduce: 2·log2 N steps and 2(N-1)/N·D for powers of two.
+    const model::cost rh = model::analyse(model::choice::recursive_halving, {collective::all_reduce, n, count});
+    if (pow2) {
+      CHECK(rh.steps == 2 * lg);
+      CHECK(rh.bytes * std::uint64_t(n) == 2 * std::uint64_t(n - 1) * D);
+    } else {
+      // Non-powers of two fold the first 2(N-p) ranks in pairs: one step more at each end.
+      CHECK(rh.steps == 2 * (algo::ceil_log2(algo::floor_pow2(n)) + 2));
+    }
+    // Recursive doubling: log2 N steps of the whole vector (powers of two).
+    const model::cost rd = model::analyse(model::choice::recursive_doubling, {collective::all_reduce, n, count});
+    if (pow2) {
+      CHECK(rd.steps == lg);
+      CHECK(rd.bytes == std::uint64_t(lg) * D);
+    }
+    // The double binary tree, one chunk: up and down the tree, 2·ceil(log2 N) steps.
+    const model::cost tr = model::analyse(model::choice::tree, {collective::all_reduce, n, 16});
+    CHECK(tr.steps == 2 * lg);
+    // Binomial broadcast: ceil(log2 N) steps; the root sends D in each.
+    const model::cost bc = model::analyse(model::choice::tree, {collective::broadcast, n, count, 4, 0});
+    CHECK(bc.steps == lg);
+    CHECK(bc.ranks[0].bytes_sent == std::uint64_t(lg) * D);
+    CHECK(bc.bytes == std::uint64_t(lg) * D);
+    // Pairwise all-to-all with blocks above the one-step limit: N-1 steps, (N-1)/N·D.
+    const std::size_t blk = algo::tuning::a2a_one_step_bytes / 4 + 1;
+    const model::cost a2a = model::analyse(model::choice::pairwise, {collective::all_to_all, n, blk});
+    CHECK(a2a.steps == n - 1);
+    CHECK(a2a.bytes == std::uint64_t(n - 1) * blk * 4);
+  }
+}
+
+TEST_CASE("the model's choice follows from α, β, γ", "[model]") {
+  model::params p{1e-6, 1e-10, 5e-11, "test"};
+  // Latency-bound: the fewest steps win (recursive doubling: log2 N; the ring: 2(N-1)).
+  CHECK(model::best({collective::all_reduce, 8, 2}, p) == model::choice::recursive_doubling);
+  // Bandwidth-bound: the bandwidth-optimal policies (2(N-1)/N·D) beat doubling (log2 N·D) and
+  // the tree. For N a power of two recursive halving moves the ring's bytes in 2·log2 N steps
+  // instead of 2(N-1), so it wins; otherwise its folding moves up to D more, and the ring wins.
+  CHECK(model::best(model::problem::of_bytes(collective::all_reduce, 8, std::size_t(256) << 20), p) ==
+        model::choice::recursive_halving);
+  CHECK(model::best(model::problem::of_bytes(collective::all_reduce, 6, std::size_t(256) << 20), p) ==
+        model::choice::ring);
+  // With free steps, the ring wins at every size above a few elements; with free bytes, the
+  // fewest steps win at every size.
+  CHECK(model::best(model::problem::of_bytes(collective::all_reduce, 8, 4096), {0, 1e-10, 0, ""}) == model::choice::ring);
+  CHECK(model::best(model::problem::of_bytes(collective::all_reduce, 8, std::size_t(64) << 20), {1e-6, 0, 0, ""}) ==
+        model::choice::recursive_doubling);
+  // A non-commutative op never gets the ring.
+  CHECK(model::best(model::problem::of_bytes(collective::all_reduce, 8, std::size_t(256) << 20, 4, 0, false), p) !=
+        model::choice::ring);
+  // all_to_all has one policy.
+  CHECK(model::best({collective::all_to_all, 5, 1000}, p) == model::choice::pairwise);
+  // predict() is α·steps + β·bytes + γ·reduced.
+  const model::cost c = model::analyse(model::choice::ring, {collective::all_reduce, 4, 4096});
+  CHECK(model::predict(c, p) == Approx(1e-6 * 6 + 1e-10 * double(c.bytes) + 5e-11 * double(c.reduced)));
+}
