@@ -76,6 +76,24 @@ class communicator {
     return e.s;
   }
 
+  /// algo::automatic's state for this communicator (collectives/common.hpp fills and reads it):
+  /// the cost model's parameters and COLLX_ALGO's overrides as rank 0 has them (every rank then
+  /// decides alike), and the last decisions.
+  struct automatic_state {
+    bool ready = false;
+    double alpha = 0, beta = 0, gamma = 0;
+    std::string source;
+    std::array<std::int8_t, 6> forced{-1, -1, -1, -1, -1, -1};  // per algo::collective: a choice, or -1
+    std::int8_t forced_all = -1;                                 // COLLX_ALGO's global policy, or -1
+    struct decision {
+      std::array<std::uint64_t, 4> key{};
+      std::int8_t policy = -1;
+    };
+    std::array<decision, 32> decisions{};
+    std::size_t next = 0;
+  };
+  automatic_state& automatic() noexcept { return auto_; }
+
   /// Scratch memory for schedules that need it; grows, never shrinks, reused across calls.
   std::byte* scratch(std::size_t bytes) {
     if (scratch_.size() < bytes) scratch_.resize(bytes);
@@ -86,6 +104,7 @@ class communicator {
   T t_;
   options opts_;
   std::uint64_t seq_ = 0;
+  automatic_state auto_;
   struct cache_entry {
     bool valid = false;
     schedule_key key;

@@ -1,11 +1,24 @@
 #pragma once
-// algo::automatic — picks a policy per call from the collective, the rank count, the message size
-// and whether the op is commutative. Every rank computes the same choice from the same arguments,
-// so no agreement step is needed (a rank that passed a different count gets errc::mismatch).
+// algo::automatic — picks a policy per call: the one with the least time predicted by the cost
+// model (model.hpp), from the collective, the rank count, the message size, the element size,
+// whether the op is commutative, and α, β, γ for the transport (calibration.hpp).
+//
+// Every rank must choose alike, so at a communicator's first automatic call rank 0's parameters
+// and its COLLX_ALGO reach every rank in one small broadcast (a job whose hosts have different
+// calibrations still agrees); from then on each rank computes the same choice from the same
+// arguments, with no further communication (a rank that passed a different count gets
+// errc::mismatch, as with any policy).
+//
+// COLLX_ALGO overrides the model: a policy name for every collective that has that policy
+// (`COLLX_ALGO=ring`), or per collective (`COLLX_ALGO=all_reduce=tree,all_gather=ring`), or both
+// (`ring,broadcast=tree`: a collective named explicitly takes its own). `automatic` is allowed
+// and means the model. A misspelt name, or a policy that has no schedule for the collective
+// named, is an errc::invalid_argument error, never a silent default; a per-collective override
+// that cannot honour a non-commutative op is an error at the call, a global one yields to the
+// model for that call.
 #include <cstddef>
 
 #include "../concepts.hpp"
-#include "tuning.hpp"
 
 namespace collx::algo {
 
@@ -17,29 +30,5 @@ struct automatic {
 enum class collective { all_reduce, reduce_scatter, all_gather, broadcast, reduce, all_to_all };
 
 enum class choice { ring, tree, recursive_halving, recursive_doubling, pairwise };
-
-/// The rule automatic follows (to be replaced by the cost model's least predicted time): small
-/// messages go to the log-step policies, large ones to the bandwidth-optimal ring, and
-/// non-commutative reductions to recursive halving, which keeps rank order at every size.
-/// Two ranks count as small: every policy is then the same single exchange.
-constexpr choice choose(collective c, int n, std::size_t bytes, bool commutative) {
-  const bool small = bytes <= tuning::small_message_bytes || n <= 2;
-  switch (c) {
-    case collective::all_to_all: return choice::pairwise;
-    case collective::broadcast: return small ? choice::tree : choice::ring;
-    case collective::reduce:
-      if (!commutative) return choice::recursive_halving;
-      return small ? choice::tree : choice::ring;
-    case collective::all_reduce:
-      if (bytes <= tuning::latency_bound_bytes) return choice::recursive_doubling;
-      if (!commutative) return choice::recursive_halving;
-      return small ? choice::tree : choice::ring;
-    case collective::all_gather:
-    case collective::reduce_scatter:
-      if (!commutative || small) return choice::recursive_halving;
-      return choice::ring;
-  }
-  return choice::ring;
-}
 
 }  // namespace collx::algo

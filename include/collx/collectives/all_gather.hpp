@@ -30,7 +30,7 @@ void all_gather(communicator<T>& comm, std::span<const std::type_identity_t<E>> 
                   "the output has " + detail::n_elems(out.size()) + " but must have size x input = " +
                       std::to_string(n) + " x " + std::to_string(in.size()));
   COLLX_REQUIRE(!detail::partially_overlap(in, out), call, "the input and output overlap");
-  detail::with_policy<ops::sum, algo::collective::all_gather>(a, comm.size(), out.size_bytes(), call,
+  detail::with_policy<ops::sum, algo::collective::all_gather, E>(a, comm, in.size(), call,
                                 [&](const auto& pol) {
                                   detail::all_gather_blocks(comm, call, in.data(), out.data(),
                                                             partition(out.size(), comm.size()), false, pol);

@@ -12,7 +12,7 @@ template <class T, class E, class Op, class Algo>
 void all_reduce_impl(communicator<T>& comm, call_info& call, const E* in, E* out, std::size_t count, Op op,
                      Algo a) {
   const buf src = in == out ? buf::out : buf::in;
-  with_policy<Op, algo::collective::all_reduce>(a, comm.size(), count * sizeof(E), call, [&](const auto& pol) {
+  with_policy<Op, algo::collective::all_reduce, E>(a, comm, count, call, [&](const auto& pol) {
     if constexpr (requires(const algo::ar_problem& p) { pol.all_reduce(p); }) {
       using P = std::decay_t<decltype(pol)>;
       static_assert(check_reducing<E, Op, P>());

@@ -1,7 +1,12 @@
 #pragma once
 // What every collective shares: argument checks, the compile-time checks of its policy and op,
 // and the resolution of algo::automatic to a concrete policy.
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <span>
+#include <string_view>
 #include <string>
 #include <type_traits>
 
@@ -11,7 +16,10 @@
 #include "../algo/recursive_halving.hpp"
 #include "../algo/ring.hpp"
 #include "../algo/tree.hpp"
+#include "../algo/binomial.hpp"
+#include "../calibration.hpp"
 #include "../executor.hpp"
+#include "../model.hpp"
 
 namespace collx::detail {
 
@@ -46,34 +54,160 @@ constexpr bool check_reducing() {
   return true;
 }
 
-/// Calls f with the concrete policy to run: algo itself, or automatic's choice.
-template <class Op, algo::collective C, class Algo, class F>
-void with_policy(const Algo& a, int n, std::size_t bytes, call_info& call, F&& f) {
+/// The name the model's parameters are kept under: the transport's own ("inproc", "shm",
+/// "tcp"), looking through transport::any and decorators.
+template <class T>
+const char* transport_kind(const T& t) {
+  if constexpr (requires { t.kind(); }) return t.kind();
+  else if constexpr (requires { t.inner(); }) return transport_kind(t.inner());
+  else return T::name;
+}
+
+/// COLLX_ALGO parsed (grammar in algo/automatic.hpp): per collective a choice or -1, and the
+/// global choice or -1. Throws errc::invalid_argument naming what is wrong.
+struct algo_override {
+  std::array<std::int8_t, 6> per{-1, -1, -1, -1, -1, -1};
+  std::int8_t all = -1;
+};
+
+inline algo_override parse_algo_override(std::string_view v) {
+  algo_override o;
+  auto bad = [&](const std::string& why) -> void {
+    throw error(errc::invalid_argument, "COLLX_ALGO=\"" + std::string(v) + "\": " + why);
+  };
+  auto policies = [] {
+    std::string s;
+    for (auto p : model::all_policies) s += std::string(s.empty() ? "" : ", ") + model::name(p);
+    return s + ", automatic";
+  };
+  std::size_t at = 0;
+  while (at <= v.size()) {
+    const std::size_t comma = std::min(v.find(',', at), v.size());
+    std::string_view item = v.substr(at, comma - at);
+    at = comma + 1;
+    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+    while (!item.empty() && item.back() == ' ') item.remove_suffix(1);
+    if (item.empty()) continue;
+    const std::size_t eq = item.find('=');
+    const std::string_view pname = eq == std::string_view::npos ? item : item.substr(eq + 1);
+    std::int8_t pol = -1;
+    if (pname != "automatic") {
+      const auto p = model::parse_policy(pname);
+      if (!p) bad("unknown policy '" + std::string(pname) + "' (policies: " + policies() + ")");
+      pol = std::int8_t(*p);
+    }
+    if (eq == std::string_view::npos) {
+      o.all = pol;
+      continue;
+    }
+    const std::string_view cname = item.substr(0, eq);
+    const auto c = model::parse_collective(cname);
+    if (!c) {
+      std::string cs;
+      for (auto x : model::all_collectives) cs += std::string(cs.empty() ? "" : ", ") + model::name(x);
+      bad("unknown collective '" + std::string(cname) + "' (collectives: " + cs + ")");
+    }
+    if (pol >= 0 && !model::supports(algo::choice(pol), *c, true))
+      bad(std::string(model::name(algo::choice(pol))) + " has no " + model::name(*c) + " schedule");
+    o.per[std::size_t(*c)] = pol;
+  }
+  return o;
+}
+
+/// algo::automatic's first call on a communicator: reads this rank's COLLX_ALGO (an error here
+/// if misspelt) and its parameters, then takes rank 0's, so every rank decides alike.
+template <class T>
+void automatic_setup(communicator<T>& comm) {
+  auto& st = comm.automatic();
+  if (st.ready) return;
+  struct blob {
+    double alpha, beta, gamma;
+    std::int8_t per[6];
+    std::int8_t all;
+    char source[256];
+  } b{};
+  const char* env = std::getenv("COLLX_ALGO");
+  const algo_override o = parse_algo_override(env != nullptr ? env : "");
+  const model::params p = model::params_for(transport_kind(comm.transport()));
+  b.alpha = p.alpha;
+  b.beta = p.beta;
+  b.gamma = p.gamma;
+  std::copy(o.per.begin(), o.per.end(), b.per);
+  b.all = o.all;
+  std::snprintf(b.source, sizeof b.source, "%s", p.source.c_str());
+  if (comm.size() > 1) {
+    auto call = make_call<std::byte, no_op>(comm, "automatic", "tree", sizeof b, 0);
+    schedule s;
+    algo::binomial::broadcast(s, 0, comm.rank(), comm.size(), 0, {buf::out, 0, sizeof b});
+    execute(comm, call, s, reinterpret_cast<const std::byte*>(&b), reinterpret_cast<std::byte*>(&b), no_op{});
+  }
+  st.alpha = b.alpha;
+  st.beta = b.beta;
+  st.gamma = b.gamma;
+  std::copy(std::begin(b.per), std::end(b.per), st.forced.begin());
+  st.forced_all = b.all;
+  st.source = std::string(b.source, strnlen(b.source, sizeof b.source));
+  st.ready = true;
+}
+
+/// The policy automatic runs for this call: COLLX_ALGO's, or the model's least predicted time.
+/// `count` is the collective's count argument (model::problem).
+template <class T>
+algo::choice automatic_choice(communicator<T>& comm, algo::collective c, std::size_t count, std::size_t elem,
+                              bool commutative, const call_info& call) {
+  if (c == algo::collective::all_to_all) return algo::choice::pairwise;
+  const int n = comm.size();
+  if (n == 1) return commutative ? algo::choice::ring : algo::choice::recursive_halving;  // local copies only
+  automatic_setup(comm);
+  auto& st = comm.automatic();
+  if (const std::int8_t f = st.forced[std::size_t(c)]; f >= 0) {
+    if (!model::supports(algo::choice(f), c, commutative))
+      call.fail(errc::invalid_argument, std::string("COLLX_ALGO asks for ") + model::name(algo::choice(f)) + " for " +
+                                            model::name(c) +
+                                            ", which combines in ring order and cannot honour this non-commutative "
+                                            "op; use tree or recursive_halving");
+    return algo::choice(f);
+  }
+  if (st.forced_all >= 0 && model::supports(algo::choice(st.forced_all), c, commutative))
+    return algo::choice(st.forced_all);
+  const std::array<std::uint64_t, 4> key{std::uint64_t(c) | std::uint64_t(commutative) << 8, count, elem, std::uint64_t(n)};
+  for (std::size_t i = 0; i < st.decisions.size(); ++i) {
+    const auto& d = st.decisions[(st.next + st.decisions.size() - 1 - i) % st.decisions.size()];  // newest first
+    if (d.policy >= 0 && d.key == key) return algo::choice(d.policy);
+  }
+  const model::params p{st.alpha, st.beta, st.gamma, {}};
+  const algo::choice best = model::best({c, n, count, elem, 0, commutative}, p);
+  st.decisions[st.next++ % st.decisions.size()] = {key, std::int8_t(best)};
+  return best;
+}
+
+/// Calls f with the concrete policy to run: algo itself, or automatic's choice. `count` is the
+/// collective's count argument (model::problem), E its element type.
+template <class Op, algo::collective C, class E, class Algo, class T, class F>
+void with_policy(const Algo& a, communicator<T>& comm, std::size_t count, call_info& call, F&& f) {
   if constexpr (std::is_same_v<Algo, algo::automatic>) {
-    constexpr bool comm = is_commutative_v<Op>;
-    switch (algo::choose(C, n, bytes, comm)) {
+    constexpr bool commutative = is_commutative_v<Op>;
+    auto run = [&](const auto& pol) {
+      set_name(call.sig.policy, std::decay_t<decltype(pol)>::name);
+      f(pol);
+    };
+    switch (automatic_choice(comm, C, count, sizeof(E), commutative, call)) {
       case algo::choice::ring:
-        if constexpr (comm) {
-          set_name(call.sig.policy, algo::ring::name);
-          f(algo::ring{});
+        if constexpr (commutative || C == algo::collective::all_gather || C == algo::collective::broadcast) {
+          run(algo::ring{});
           return;
         }
         break;
-      case algo::choice::tree:
-        set_name(call.sig.policy, algo::tree::name);
-        f(algo::tree{});
-        return;
+      case algo::choice::tree: run(algo::tree{}); return;
       case algo::choice::recursive_doubling:
         if constexpr (C == algo::collective::all_reduce) {
-          set_name(call.sig.policy, algo::recursive_doubling::name);
-          f(algo::recursive_doubling{});
+          run(algo::recursive_doubling{});
           return;
         }
         break;
       default: break;
     }
-    set_name(call.sig.policy, algo::recursive_halving::name);
-    f(algo::recursive_halving{});
+    run(algo::recursive_halving{});
   } else {
     f(a);
   }

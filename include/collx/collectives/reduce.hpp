@@ -18,7 +18,7 @@ void reduce(communicator<T>& comm, std::span<const std::type_identity_t<E>> in, 
                         std::to_string(in.size()));
     COLLX_REQUIRE(!detail::partially_overlap(in, out), call, "the input and output overlap");
   }
-  detail::with_policy<Op, algo::collective::reduce>(a, comm.size(), in.size_bytes(), call, [&](const auto& pol) {
+  detail::with_policy<Op, algo::collective::reduce, E>(a, comm, in.size(), call, [&](const auto& pol) {
     static_assert(detail::check_reducing<E, Op, std::decay_t<decltype(pol)>>());
     static_assert(requires(const algo::reduce_problem& p) { pol.reduce(p); },
                   "collx: this policy has no reduce schedule (ring, tree and recursive_halving have one)");

@@ -37,7 +37,7 @@ void reduce_scatter(communicator<T>& comm, std::span<const std::type_identity_t<
                   "the input has " + detail::n_elems(in.size()) + " but must have size x output = " +
                       std::to_string(n) + " x " + std::to_string(out.size()));
   COLLX_REQUIRE(!detail::partially_overlap(in, out), call, "the input and output overlap");
-  detail::with_policy<Op, algo::collective::reduce_scatter>(a, comm.size(), in.size_bytes(), call, [&](const auto& pol) {
+  detail::with_policy<Op, algo::collective::reduce_scatter, E>(a, comm, out.size(), call, [&](const auto& pol) {
     detail::reduce_scatter_blocks(comm, call, in.data(), out.data(), partition(in.size(), comm.size()), buf::in,
                                   buf::none, op, pol);
   });

@@ -50,6 +50,7 @@ class counting {
   const traffic& counts() const noexcept { return t_; }
   void reset() noexcept { t_ = {}; }
   T& inner() noexcept { return inner_; }
+  const T& inner() const noexcept { return inner_; }
 
  private:
   T inner_;

@@ -1,0 +1,122 @@
+#pragma once
+// The cost model's parameters (model.hpp: time = α·steps + β·bytes + γ·reduced) for a transport:
+// measured on this machine by `collx-perf --calibrate --transport T` and kept in a small text
+// file in the user's cache directory, or the shipped defaults below, which say that they are.
+//
+//   $XDG_CACHE_HOME/collx/calibration-<transport>.txt   (else $HOME/.cache/collx/...)
+//
+//   # collx calibration (collx-perf --calibrate --transport shm -np 2)
+//   transport shm
+//   alpha 6.1e-07        seconds per step (an exchange of 8 bytes between two ranks)
+//   beta 8.9e-11         seconds per byte a rank sends and receives in one step
+//   gamma 5.2e-11        seconds per byte reduced (float sum)
+//   ranks 2
+//   date 2026-11-30T16:20:00Z
+//
+// Lines are "key value"; '#' starts a comment; unknown keys are ignored (newer files stay
+// readable); a file that lacks alpha, beta or gamma, or has a value that is not a finite number
+// >= 0, is not used, and params::source says why.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+
+#include "model.hpp"
+
+namespace collx::model {
+
+/// $XDG_CACHE_HOME/collx, else $HOME/.cache/collx; "" when neither is set.
+inline std::string cache_dir() {
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x == '/') return std::string(x) + "/collx";
+  if (const char* h = std::getenv("HOME"); h != nullptr && *h != 0) return std::string(h) + "/.cache/collx";
+  return {};
+}
+
+inline std::string calibration_file(std::string_view transport) {
+  const std::string d = cache_dir();
+  return d.empty() ? std::string() : d + "/calibration-" + std::string(transport) + ".txt";
+}
+
+/// Shipped defaults, measured on the development machine (2 cores, Debian 12, 2 ranks,
+/// `collx-perf --calibrate --transport T`): they order the policies sensibly anywhere, but a
+/// machine's own calibration is better.
+inline params shipped_defaults(std::string_view transport) {
+  params p;
+  if (transport == "shm") p = {6.0e-7, 9.0e-11, 5.0e-11, {}};
+  else if (transport == "tcp") p = {2.0e-5, 3.5e-10, 5.0e-11, {}};
+  else p = {1.0e-6, 1.0e-10, 5.0e-11, {}};  // inproc (threads), and anything else
+  p.source = "shipped defaults for " + std::string(transport);
+  return p;
+}
+
+/// Reads a calibration file; nullopt (and `why`) when it is missing or unusable.
+inline std::optional<params> read_calibration(const std::string& path, std::string* why = nullptr) {
+  auto fail = [&](std::string w) -> std::optional<params> {
+    if (why) *why = std::move(w);
+    return std::nullopt;
+  };
+  if (path.empty()) return fail("no cache directory (neither XDG_CACHE_HOME nor HOME is set)");
+  std::ifstream f(path);
+  if (!f) return fail("no calibration at " + path);
+  params p;
+  bool a = false, b = false, g = false;
+  std::string line, date;
+  int lines = 0;
+  while (std::getline(f, line) && ++lines <= 1000) {
+    if (const auto h = line.find('#'); h != std::string::npos) line.resize(h);
+    std::istringstream in(line);
+    std::string key, value;
+    if (!(in >> key >> value)) continue;
+    if (key == "date") { date = value; continue; }
+    if (key != "alpha" && key != "beta" && key != "gamma") continue;
+    char* end = nullptr;
+    const double v = std::strtod(value.c_str(), &end);
+    if (end == value.c_str() || *end != 0 || !std::isfinite(v) || v < 0 || v > 1.0)
+      return fail(path + ": " + key + " '" + value + "' is not a number of seconds in [0, 1]");
+    (key == "alpha" ? p.alpha : key == "beta" ? p.beta : p.gamma) = v;
+    (key == "alpha" ? a : key == "beta" ? b : g) = true;
+  }
+  if (!a || !b || !g) return fail(path + " lacks " + std::string(!a ? "alpha" : !b ? "beta" : "gamma"));
+  p.source = "calibrated: " + path + (date.empty() ? "" : " (" + date + ")");
+  return p;
+}
+
+/// Writes a calibration file (creating the directory); returns "" or what went wrong.
+inline std::string write_calibration(const std::string& path, std::string_view transport, const params& p, int ranks,
+                                     std::string_view comment = {}) {
+  if (path.empty()) return "no cache directory (neither XDG_CACHE_HOME nor HOME is set)";
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  if (ec) return "cannot create " + std::filesystem::path(path).parent_path().string() + ": " + ec.message();
+  const std::string tmp = path + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "w");
+  if (!f) return "cannot write " + tmp;
+  char date[32] = "?";
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  std::fprintf(f, "# collx calibration%s%.*s\n", comment.empty() ? "" : " ", int(comment.size()), comment.data());
+  std::fprintf(f, "transport %.*s\n", int(transport.size()), transport.data());
+  std::fprintf(f, "alpha %.6g\nbeta %.6g\ngamma %.6g\nranks %d\ndate %s\n", p.alpha, p.beta, p.gamma, ranks, date);
+  const bool ok = std::fclose(f) == 0;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) return "cannot write " + path;
+  return {};
+}
+
+/// The parameters for `transport`: this machine's calibration when there is one, else the
+/// shipped defaults, with `source` saying which (and why no calibration was used).
+inline params params_for(std::string_view transport) {
+  std::string why;
+  if (auto p = read_calibration(calibration_file(transport), &why)) return *p;
+  params d = shipped_defaults(transport);
+  d.source += " (" + why + "; run `collx-perf --calibrate --transport " +
+              std::string(transport == "inproc" ? "threads" : transport) + "`)";
+  return d;
+}
+
+}  // namespace collx::model
