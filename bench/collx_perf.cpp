@@ -44,6 +44,8 @@
 #include <sys/mman.h>
 
 #include <collx/collx.hpp>
+#include <collx/model.hpp>
+#include <collx/calibration.hpp>
 
 #include "cli.hpp"
 
@@ -101,8 +103,8 @@ struct dtype<collx::bfloat16> {
 
 using dtypes = list<float, double, std::int32_t, std::int64_t, collx::half, collx::bfloat16>;
 using redops = list<collx::ops::sum, collx::ops::prod, collx::ops::min, collx::ops::max, collx::ops::avg>;
-using policies = list<collx::algo::ring, collx::algo::tree, collx::algo::recursive_halving, collx::algo::pairwise,
-                      collx::algo::automatic>;
+using policies = list<collx::algo::ring, collx::algo::tree, collx::algo::recursive_halving,
+                      collx::algo::recursive_doubling, collx::algo::pairwise, collx::algo::automatic>;
 
 /// The op of collectives that reduce nothing (printed as nccl-tests does).
 struct no_redop {
@@ -126,6 +128,13 @@ std::string names(list<Ts...>, const char* sep = "|") {
 template <class... Ts, class F>
 bool dispatch(list<Ts...>, std::string_view name, F&& f) {
   return ((name == name_of<Ts>() && (f(std::type_identity<Ts>{}), true)) || ...);
+}
+
+/// sizeof the element type named by -d (0 when unknown).
+std::size_t dtype_size(const std::string& d) {
+  std::size_t z = 0;
+  dispatch(dtypes{}, d, [&]<class E>(std::type_identity<E>) { z = sizeof(E); });
+  return z;
 }
 
 template <std::size_t N>
@@ -185,8 +194,14 @@ struct check_ctx {
   std::size_t k;
 };
 
-template <class A>
-inline constexpr bool is_pairwise_v = std::is_same_v<A, collx::algo::pairwise>;
+/// Whether --algo A can run collective K: automatic always, a policy when it has a schedule.
+template <class A, collx::algo::collective K>
+constexpr bool runs() {
+  if constexpr (std::is_same_v<A, collx::algo::automatic>) return true;
+  else return collx::model::supports<A>(K, true);
+}
+template <class A, collx::algo::collective K>
+inline constexpr bool runs_v = runs<A, K>();
 
 struct all_reduce_c {
   static constexpr const char* name = "all_reduce";
@@ -196,7 +211,7 @@ struct all_reduce_c {
   static constexpr const char* size_doc = "bytes of each rank's buffer; count: its elements";
   static double bus_factor(int n) { return 2.0 * (n - 1) / n; }
   template <class A>
-  static constexpr bool supports = !is_pairwise_v<A>;
+  static constexpr bool supports = runs_v<A, collx::algo::collective::all_reduce>;
   static shape make(std::size_t bytes, std::size_t es, int) {
     const std::size_t c = bytes / es;
     return {c * es, c, c, c, 0, c};
@@ -217,7 +232,7 @@ struct reduce_scatter_c {
   static constexpr const char* size_doc = "bytes of the n*k input; count: k, the elements each rank receives";
   static double bus_factor(int n) { return double(n - 1) / n; }
   template <class A>
-  static constexpr bool supports = !is_pairwise_v<A>;
+  static constexpr bool supports = runs_v<A, collx::algo::collective::reduce_scatter>;
   static shape make(std::size_t bytes, std::size_t es, int n) {
     const std::size_t k = bytes / es / std::size_t(n), t = k * std::size_t(n);
     return {t * es, k, t, k, k, t};
@@ -238,7 +253,7 @@ struct all_gather_c {
   static constexpr const char* size_doc = "bytes of the n*k output; count: k, the elements each rank sends";
   static double bus_factor(int n) { return double(n - 1) / n; }
   template <class A>
-  static constexpr bool supports = !is_pairwise_v<A>;
+  static constexpr bool supports = runs_v<A, collx::algo::collective::all_gather>;
   static shape make(std::size_t bytes, std::size_t es, int n) {
     const std::size_t k = bytes / es / std::size_t(n), t = k * std::size_t(n);
     return {t * es, k, k, t, k, 0};
@@ -259,7 +274,7 @@ struct broadcast_c {
   static constexpr const char* size_doc = "bytes of the buffer; count: its elements";
   static double bus_factor(int) { return 1.0; }
   template <class A>
-  static constexpr bool supports = !is_pairwise_v<A>;
+  static constexpr bool supports = runs_v<A, collx::algo::collective::broadcast>;
   static shape make(std::size_t bytes, std::size_t es, int) {
     const std::size_t c = bytes / es;
     return {c * es, c, 0, c, 0, 0};
@@ -280,7 +295,7 @@ struct reduce_c {
   static constexpr const char* size_doc = "bytes of each rank's buffer; count: its elements";
   static double bus_factor(int) { return 1.0; }
   template <class A>
-  static constexpr bool supports = !is_pairwise_v<A>;
+  static constexpr bool supports = runs_v<A, collx::algo::collective::reduce>;
   static shape make(std::size_t bytes, std::size_t es, int) {
     const std::size_t c = bytes / es;
     return {c * es, c, c, c, 0, c};
@@ -301,7 +316,7 @@ struct all_to_all_c {
   static constexpr const char* size_doc = "bytes of each rank's n*k send buffer; count: k, the elements per peer";
   static double bus_factor(int n) { return double(n - 1) / n; }
   template <class A>
-  static constexpr bool supports = is_pairwise_v<A> || std::is_same_v<A, collx::algo::automatic>;
+  static constexpr bool supports = runs_v<A, collx::algo::collective::all_to_all>;
   static shape make(std::size_t bytes, std::size_t es, int n) {
     const std::size_t k = bytes / es / std::size_t(n), t = k * std::size_t(n);
     return {t * es, k, t, t, k, 0};
@@ -323,6 +338,7 @@ using collectives = list<all_reduce_c, reduce_scatter_c, all_gather_c, broadcast
 struct config : bench_cli::sweep_flags {
   std::string transport = "threads";
   bool demo = false;
+  bool calibrate = false;
   config() {
     ranks = 8;
     algo = "all";
@@ -456,6 +472,53 @@ struct sweep_info {
   std::vector<block> blocks;
 };
 
+/// The model's parameters for this run's transport, as automatic reads them.
+collx::model::params run_params(const config& cfg) {
+  return collx::model::params_for(cfg.transport == "threads" ? "inproc" : cfg.transport);
+}
+
+/// With --algo all: for each size, the fastest policy against automatic, and what the model
+/// picked (what automatic ran, unless COLLX_ALGO overrides it). Target: automatic within 10% of
+/// the best (issue 5); the last column says where it is not.
+void print_automatic_vs_best(const config& cfg, const sweep_info& si,
+                             const std::vector<std::vector<std::pair<std::size_t, double>>>& times) {
+  std::size_t autos = si.blocks.size();
+  for (std::size_t i = 0; i < si.blocks.size(); ++i)
+    if (std::string_view(si.blocks[i].policy) == "automatic") autos = i;
+  if (autos == si.blocks.size() || si.blocks.size() < 3) return;
+  const auto coll = collx::model::parse_collective(si.coll);
+  const collx::model::params p = run_params(cfg);
+  std::printf("# automatic vs the best policy of this run (time per call; auto/best > 1: automatic slower)\n");
+  std::printf("# model: alpha %.3g s, beta %.3g s/B, gamma %.3g s/B: %s%s\n", p.alpha, p.beta, p.gamma, p.source.c_str(),
+              std::getenv("COLLX_ALGO") ? " (COLLX_ALGO is set: it overrides the model)" : "");
+  std::printf("# pick/best: the time of the model's pick in its own rows over the best; auto/best: the\n"
+              "# automatic rows over the best (the same choice, plus run-to-run noise)\n");
+  std::printf("#a%10s  %-18s %10s  %-18s %10s %10s %10s  %s\n", "size", "best", "best(us)", "model's pick", "auto(us)",
+              "pick/best", "auto/best", "");
+  int within = 0, sizes = 0;
+  for (std::size_t k = 0; k < times[autos].size(); ++k) {
+    std::size_t best = autos;
+    for (std::size_t i = 0; i < times.size(); ++i)
+      if (i != autos && k < times[i].size() && times[i][k].second < times[best][k].second) best = i;
+    const std::size_t bytes = times[autos][k].first;
+    const char* pick = "?";
+    double pick_us = times[autos][k].second;  // when the pick has no rows of its own
+    if (coll) {
+      const auto pr = collx::model::problem::of_bytes(*coll, cfg.ranks, bytes, dtype_size(cfg.dtype));
+      pick = collx::model::name(collx::model::best(pr, p));
+      for (std::size_t i = 0; i < times.size(); ++i)
+        if (i != autos && std::string_view(si.blocks[i].policy) == pick && k < times[i].size()) pick_us = times[i][k].second;
+    }
+    const double b_us = times[best][k].second;
+    const double ratio = b_us > 0 ? pick_us / b_us : 1.0, aratio = b_us > 0 ? times[autos][k].second / b_us : 1.0;
+    ++sizes;
+    within += ratio <= 1.10;
+    std::printf("#a%10zu  %-18s %10.2f  %-18s %10.2f %10.2f %10.2f  %s\n", bytes, si.blocks[best].policy, b_us, pick,
+                times[autos][k].second, ratio, aratio, ratio <= 1.10 ? "" : "pick > 10% slower");
+  }
+  std::printf("# the model's pick within 10%% of the best policy at %d of %d sizes\n#\n", within, sizes);
+}
+
 /// The size sweep and its printing: not a template, so it is compiled once.
 void sweep(const config& cfg, const sweep_info& si, totals& tot) {
   std::printf("# collx-perf  %s  transport: %s  ranks: %d (%s)\n", si.coll, cfg.transport.c_str(), cfg.ranks,
@@ -465,11 +528,14 @@ void sweep(const config& cfg, const sweep_info& si, totals& tot) {
 
   std::string averages;
   std::size_t wrong_here = 0;
+  std::vector<std::vector<std::pair<std::size_t, double>>> times;  // per block: (bytes, us) per size
   for (const auto& b : si.blocks) {
     double sum_bw = 0;
     int rows = 0;
+    times.emplace_back();
     for (std::size_t bytes = cfg.minbytes; bytes <= cfg.maxbytes;) {
       const row rw = b.run(bytes);
+      times.back().push_back({rw.sh.bytes, rw.us});
       std::size_t wrong = 0;
       for (std::size_t w : rw.wrong) wrong += w;
       tot.wrong += wrong;
@@ -490,6 +556,7 @@ void sweep(const config& cfg, const sweep_info& si, totals& tot) {
   }
   if (cfg.check) std::printf("# Out of bounds values : %zu %s\n", wrong_here, wrong_here == 0 ? "OK" : "FAILED");
   std::printf("# Avg bus bandwidth    : %s\n#\n", averages.c_str());
+  print_automatic_vs_best(cfg, si, times);
   std::fflush(stdout);
 }
 
@@ -527,6 +594,113 @@ void run(const config& cfg, totals& tot) {
     if (!dt) throw usage_error("unknown datatype -d '" + cfg.dtype + "'; choose one of " + names(dtypes{}));
   });
   if (!found) throw usage_error("unknown --op '" + cfg.op + "'; choose one of " + names(collectives{}));
+}
+
+// ---- calibration (--calibrate) --------------------------------------------------------------
+// The model (collx/model.hpp) charges α per step, β per byte a rank sends and receives in a step
+// and γ per byte reduced. So calibration times exactly that unit: one step in which ranks
+// exchange `bytes` with a partner (r xor 1; with -np > 2 the other pairs exchange at the same
+// time, so a crowded machine is measured crowded), run through the same executor and transport
+// as the collectives; and the host's reduction loop for γ.
+//   α = the time of an 8-byte step;
+//   β = the median over 64 KiB, 1 MiB and 16 MiB of (time - α) / bytes;
+//   γ = seconds per byte of `dst = a + b` over 64 KiB of float (an operand's bytes, as the model
+//       counts reduced bytes), through collx's own reduction loop: the transports reduce a
+//       message chunk by chunk as it arrives (shm's 64 KiB slots, tcp's 64 KiB bounce buffer),
+//       on data that is in cache.
+// Each figure is the median of 5 batches.
+
+/// Seconds per exchange step of `bytes`, measured on rank 0 (median of `batches` batches).
+double time_step(const config& cfg, std::size_t bytes, int iters, int batches) {
+  report& rep = shared_report();
+  std::vector<double> got;
+  for (int b = 0; b < batches; ++b) {
+    rep.us = 0;
+    launch(cfg.ranks, [&](comm_t& comm) {
+      const int r = comm.rank(), peer = r ^ 1;
+      std::vector<std::uint8_t> in(bytes, std::uint8_t(r)), out(bytes);
+      collx::schedule st;
+      if (peer < comm.size()) {
+        st.send(peer, {collx::buf::in, 0, bytes});
+        st.recv(peer, {collx::buf::out, 0, bytes});
+      }
+      auto step = [&] {
+        auto call = collx::detail::make_call<std::uint8_t, collx::no_op>(comm, "calibrate", "exchange", bytes);
+        collx::detail::execute(comm, call, st, in.data(), out.data(), collx::no_op{});
+      };
+      for (int i = 0; i < std::max(2, iters / 10); ++i) step();
+      collx::barrier(comm);
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < iters; ++i) step();
+      collx::barrier(comm);
+      const auto t1 = std::chrono::steady_clock::now();
+      if (r == 0) shared_report().us = std::chrono::duration<double, std::micro>(t1 - t0).count() / iters;
+      if (peer < comm.size() && out[bytes / 2] != std::uint8_t(peer))
+        throw std::runtime_error("calibration: the exchanged bytes are wrong");
+    });
+    got.push_back(rep.us * 1e-6);
+  }
+  std::sort(got.begin(), got.end());
+  return got[got.size() / 2];
+}
+
+/// Seconds per operand byte of collx's float-sum loop over 64 KiB operands (median of 5).
+double time_reduction() {
+  const std::size_t n = (std::size_t(64) << 10) / sizeof(float);
+  std::vector<float> a(n, 1.0f), b(n, 2.0f), c(n);
+  const collx::combiner comb = collx::ops::host_combiner<float>(collx::ops::sum{});
+  std::vector<double> got;
+  for (int k = 0; k < 5; ++k) {
+    const int reps = 4000;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < reps; ++i) {
+      comb(reinterpret_cast<std::byte*>(c.data()), reinterpret_cast<const std::byte*>(a.data()),
+           reinterpret_cast<const std::byte*>(b.data()), n);
+      a[i % n] = c[(i * 7) % n];  // keep every pass live
+    }
+    const auto t1 = std::chrono::steady_clock::now();
+    got.push_back(std::chrono::duration<double>(t1 - t0).count() / reps / double(n * sizeof(float)));
+  }
+  std::sort(got.begin(), got.end());
+  return got[2];
+}
+
+int calibrate(const config& cfg) {
+  const std::string kind = cfg.transport == "threads" ? "inproc" : cfg.transport;
+  std::printf("# collx-perf --calibrate: the cost model's alpha, beta, gamma for transport %s, %d ranks (%s)\n",
+              kind.c_str(), cfg.ranks, transport_words(cfg.transport));
+  std::fflush(stdout);
+  const double alpha = time_step(cfg, 8, 2000, 5);
+  std::printf("#   step of 8 B: %.3f us  -> alpha\n", alpha * 1e6);
+  std::vector<double> per_byte;
+  std::vector<std::pair<std::size_t, double>> points{{8, alpha}};
+  for (std::size_t b : {std::size_t(64) << 10, std::size_t(1) << 20, std::size_t(16) << 20}) {
+    const int iters = b <= (std::size_t(64) << 10) ? 500 : b <= (std::size_t(1) << 20) ? 50 : 5;
+    const double t = time_step(cfg, b, iters, 5);
+    points.push_back({b, t});
+    per_byte.push_back(std::max(0.0, t - alpha) / double(b));
+    std::printf("#   step of %zu B: %.2f us, %.2f GB/s each way\n", b, t * 1e6, double(b) / t / 1e9);
+    std::fflush(stdout);
+  }
+  std::sort(per_byte.begin(), per_byte.end());
+  const double beta = per_byte[per_byte.size() / 2];
+  const double gamma = time_reduction();
+  std::printf("#   float sum over 64 KiB: %.2f GB/s of operand  -> gamma\n", 1e-9 / gamma);
+  const collx::model::params p{alpha, beta, gamma, {}};
+  std::printf("alpha %.4g s   beta %.4g s/B (%.2f GB/s)   gamma %.4g s/B (%.2f GB/s)\n", alpha, beta, 1e-9 / beta, gamma,
+              1e-9 / gamma);
+  std::printf("# the model's line through them, against each measured step:\n");
+  for (const auto& [b, t] : points)
+    std::printf("#   %10zu B: measured %10.2f us, alpha + beta*bytes %10.2f us\n", b, t * 1e6, (alpha + beta * double(b)) * 1e6);
+  const std::string path = collx::model::calibration_file(kind);
+  const std::string err = collx::model::write_calibration(
+      path, kind, p, cfg.ranks, "(collx-perf --calibrate --transport " + cfg.transport + " -np " + std::to_string(cfg.ranks) + ")");
+  if (!err.empty()) {
+    std::fprintf(stderr, "collx-perf: %s\n", err.c_str());
+    return 3;
+  }
+  std::printf("wrote %s (algo::automatic reads it for transport %s)\n", path.c_str(), kind.c_str());
+  return 0;
 }
 
 // ---- the demo -------------------------------------------------------------------------------
@@ -585,6 +759,10 @@ void usage(std::FILE* f) {
                "                             POSIX shared memory (transport::shm) or TCP on 127.0.0.1\n"
                "                             (transport::tcp, rank 0 serving the rendezvous store)\n"
                "  --demo                     a guided tour: five collectives, 8 ranks, all policies\n"
+               "  --calibrate                measure the cost model's alpha (s per step), beta (s per byte)\n"
+               "                             and gamma (s per byte reduced) for --transport with -np ranks\n"
+               "                             (default 2) and write them to $XDG_CACHE_HOME/collx/ (else\n"
+               "                             ~/.cache/collx/), where algo::automatic reads them\n"
                "  -h, --help                 this text\n"
                "Exit status: 0, or 1 when any #wrong > 0, 2 for bad flags, 3 when a collective fails.\n",
                names(collectives{}).c_str(), names(policies{}).c_str(), names(dtypes{}).c_str(),
@@ -596,6 +774,7 @@ config parse(int argc, char** argv) {
   config cfg;
   bench_cli::parse_flags(argc, argv, cfg, [&](const std::string& a, auto&& value) {
     if (a == "--demo") cfg.demo = true;
+    else if (a == "--calibrate") cfg.calibrate = true;
     else if (a == "--transport") cfg.transport = value();
     else return false;
     return true;
@@ -605,6 +784,11 @@ config parse(int argc, char** argv) {
                       "' is not available: 'threads' (ranks as threads of this process), 'shm' (forked processes "
                       "over shared memory) or 'tcp' (forked processes over loopback sockets)");
   g_transport = cfg.transport;
+  if (cfg.calibrate) {  // two ranks unless -np says otherwise
+    bool np = false;
+    for (int i = 1; i < argc; ++i) np = np || std::string_view(argv[i]) == "-np" || std::string_view(argv[i]).rfind("--nranks", 0) == 0;
+    if (!np) cfg.ranks = 2;
+  }
   if (cfg.root >= cfg.ranks)
     throw usage_error("-r " + std::to_string(cfg.root) + " is not a rank of [0, " + std::to_string(cfg.ranks) + ")");
   // Names are checked here, before anything runs, so a typo does not cost a sweep.
@@ -633,6 +817,7 @@ int main(int argc, char** argv) {
   }
   totals tot;
   try {
+    if (cfg.calibrate) return calibrate(cfg);
     if (cfg.demo) run_demo(cfg, tot);
     else run(cfg, tot);
   } catch (const usage_error& e) {

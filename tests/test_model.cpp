@@ -4,7 +4,14 @@
 // choice follows from its parameters.
 #include <catch2/catch.hpp>
 
+#include <collx/calibration.hpp>
 #include <collx/model.hpp>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <optional>
 
 #include "harness.hpp"
 
@@ -172,4 +179,169 @@ TEST_CASE("the model's choice follows from α, β, γ", "[model]") {
   // predict() is α·steps + β·bytes + γ·reduced.
   const model::cost c = model::analyse(model::choice::ring, {collective::all_reduce, 4, 4096});
   CHECK(model::predict(c, p) == Approx(1e-6 * 6 + 1e-10 * double(c.bytes) + 5e-11 * double(c.reduced)));
+}
+
+namespace {
+/// Sets an environment variable for the scope.
+struct scoped_env {
+  std::string name;
+  std::optional<std::string> old;
+  scoped_env(const char* n, const std::string& v) : name(n) {
+    if (const char* o = std::getenv(n)) old = o;
+    setenv(n, v.c_str(), 1);
+  }
+  ~scoped_env() {
+    if (old) setenv(name.c_str(), old->c_str(), 1);
+    else unsetenv(name.c_str());
+  }
+};
+
+std::string temp_dir() {
+  char t[] = "/tmp/collx-model-XXXXXX";
+  REQUIRE(mkdtemp(t) != nullptr);
+  return t;
+}
+}  // namespace
+
+TEST_CASE("calibration files: written, read back, and used only when sound", "[model][calibration]") {
+  const std::string dir = temp_dir();
+  const scoped_env xdg("XDG_CACHE_HOME", dir);
+  const std::string path = model::calibration_file("shm");
+  CHECK(path == dir + "/collx/calibration-shm.txt");
+  // No file yet: the shipped defaults, saying so and how to calibrate.
+  model::params p = model::params_for("shm");
+  CHECK(p.alpha == model::shipped_defaults("shm").alpha);
+  CHECK(p.source.find("shipped defaults for shm") != std::string::npos);
+  CHECK(p.source.find("collx-perf --calibrate --transport shm") != std::string::npos);
+  // Written (the directory is created) and read back.
+  CHECK(model::write_calibration(path, "shm", {1.5e-6, 2.5e-10, 3.5e-11, {}}, 2) == "");
+  p = model::params_for("shm");
+  CHECK(p.alpha == Approx(1.5e-6));
+  CHECK(p.beta == Approx(2.5e-10));
+  CHECK(p.gamma == Approx(3.5e-11));
+  CHECK(p.source.rfind("calibrated: " + path, 0) == 0);
+  // Another transport's file is another file.
+  CHECK(model::params_for("tcp").source.find("shipped defaults for tcp") != std::string::npos);
+  // A value that is not a number, or a missing key: not used, and the source says why.
+  {
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    std::fputs("alpha 1e-6\nbeta fast\ngamma 1e-11\n", f);
+    std::fclose(f);
+  }
+  p = model::params_for("shm");
+  CHECK(p.source.find("shipped defaults") != std::string::npos);
+  CHECK(p.source.find("beta 'fast'") != std::string::npos);
+  {
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    std::fputs("# comment\nalpha 1e-6  # trailing\ngamma 1e-11\n", f);
+    std::fclose(f);
+  }
+  CHECK(model::params_for("shm").source.find("lacks beta") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("COLLX_ALGO: parsed strictly", "[model][automatic]") {
+  using collx::detail::parse_algo_override;
+  auto o = parse_algo_override("ring");
+  CHECK(o.all == std::int8_t(model::choice::ring));
+  o = parse_algo_override("all_reduce=tree, all_gather=ring");
+  CHECK(o.all == -1);
+  CHECK(o.per[std::size_t(collective::all_reduce)] == std::int8_t(model::choice::tree));
+  CHECK(o.per[std::size_t(collective::all_gather)] == std::int8_t(model::choice::ring));
+  CHECK(o.per[std::size_t(collective::broadcast)] == -1);
+  o = parse_algo_override("tree,all_reduce=automatic");
+  CHECK(o.all == std::int8_t(model::choice::tree));
+  CHECK(o.per[std::size_t(collective::all_reduce)] == -1);
+  CHECK(parse_algo_override("").all == -1);
+  auto fails = [](const char* v, const char* says) {
+    CAPTURE(v);
+    try {
+      parse_algo_override(v);
+      FAIL("no error");
+    } catch (const collx::error& e) {
+      CHECK(e.code() == collx::errc::invalid_argument);
+      CHECK(std::string(e.what()).find(says) != std::string::npos);
+      CHECK(std::string(e.what()).find("COLLX_ALGO") != std::string::npos);
+    }
+  };
+  fails("rign", "unknown policy 'rign'");
+  fails("allreduce=tree", "unknown collective 'allreduce'");
+  fails("all_to_all=ring", "ring has no all_to_all schedule");
+  fails("broadcast=recursive_doubling", "recursive_doubling has no broadcast schedule");
+  fails("all_reduce=", "unknown policy ''");
+}
+
+TEST_CASE("COLLX_ALGO overrides automatic's choice on every rank", "[model][automatic]") {
+  const int n = 8;
+  auto steps_of_second_call = [&] {
+    std::vector<traffic> t(n);
+    collx::launch_threads<collx::transport::counting>(n, [&](auto& comm) {
+      std::vector<float> v(64, 1.0f);
+      collx::all_reduce(comm, std::span{v}, collx::ops::sum{});  // the first also agrees on the parameters
+      comm.transport().reset();
+      std::fill(v.begin(), v.end(), float(comm.rank()));
+      collx::all_reduce(comm, std::span{v}, collx::ops::sum{});
+      if (v[7] != float(n * (n - 1) / 2)) throw std::runtime_error("wrong sum");
+      t[std::size_t(comm.rank())] = comm.transport().counts();
+    });
+    return t[0].steps;
+  };
+  {
+    const scoped_env e("COLLX_ALGO", "all_reduce=ring");
+    CHECK(steps_of_second_call() == std::uint64_t(2 * (n - 1)));
+  }
+  {
+    const scoped_env e("COLLX_ALGO", "ring,all_reduce=recursive_doubling");
+    CHECK(steps_of_second_call() == std::uint64_t(algo::ceil_log2(n)));
+  }
+  {
+    const scoped_env e("COLLX_ALGO", "tree");
+    CHECK(steps_of_second_call() == std::uint64_t(model::analyse(model::choice::tree, {collective::all_reduce, n, 64}).ranks[0].steps));
+  }
+  // A misspelt value fails the call on every rank, naming the value.
+  {
+    const scoped_env e("COLLX_ALGO", "all_reduce=treee");
+    std::atomic<int> refused{0};
+    collx::launch_threads(n, [&](auto& comm) {
+      std::vector<float> v(64, 1.0f);
+      try {
+        collx::all_reduce(comm, std::span{v}, collx::ops::sum{});
+      } catch (const collx::error& x) {
+        if (x.code() == collx::errc::invalid_argument && std::string(x.what()).find("treee") != std::string::npos) ++refused;
+      }
+    });
+    CHECK(refused == n);
+  }
+  // A per-collective policy that cannot honour a non-commutative op is an error at the call.
+  {
+    const scoped_env e("COLLX_ALGO", "all_reduce=ring");
+    std::atomic<int> refused{0};
+    collx::launch_threads(4, [&](auto& comm) {
+      std::vector<float> v(64, 1.0f);
+      try {
+        collx::all_reduce(comm, std::span{v}, skew{});
+      } catch (const collx::error& x) {
+        if (x.code() == collx::errc::invalid_argument && std::string(x.what()).find("non-commutative") != std::string::npos)
+          ++refused;
+      }
+    });
+    CHECK(refused == 4);
+  }
+}
+
+TEST_CASE("automatic: every rank takes rank 0's parameters", "[model][automatic]") {
+  // Ranks that read different calibrations still agree (rank 0's wins): here each thread-rank
+  // cannot have its own file, so check the agreed state instead.
+  const std::string dir = temp_dir();
+  const scoped_env xdg("XDG_CACHE_HOME", dir);
+  REQUIRE(model::write_calibration(model::calibration_file("inproc"), "inproc", {3e-6, 4e-10, 5e-11, {}}, 2) == "");
+  std::atomic<int> agreed{0};
+  collx::launch_threads(5, [&](auto& comm) {
+    std::vector<double> v(10, 1.0);
+    collx::all_reduce(comm, std::span{v}, collx::ops::sum{});
+    const auto& st = comm.automatic();
+    if (st.ready && st.alpha == 3e-6 && st.beta == 4e-10 && st.source.rfind("calibrated", 0) == 0) ++agreed;
+  });
+  CHECK(agreed == 5);
+  std::filesystem::remove_all(dir);
 }

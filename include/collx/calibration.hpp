@@ -7,9 +7,9 @@
 //
 //   # collx calibration (collx-perf --calibrate --transport shm -np 2)
 //   transport shm
-//   alpha 6.1e-07        seconds per step (an exchange of 8 bytes between two ranks)
-//   beta 8.9e-11         seconds per byte a rank sends and receives in one step
-//   gamma 5.2e-11        seconds per byte reduced (float sum)
+//   alpha 2.1e-07        seconds per step (an exchange of 8 bytes between two ranks)
+//   beta 7.3e-11         seconds per byte a rank sends and receives in one step
+//   gamma 1.2e-10        seconds per byte reduced (float sum)
 //   ranks 2
 //   date 2026-11-30T16:20:00Z
 //
@@ -48,9 +48,9 @@ inline std::string calibration_file(std::string_view transport) {
 /// machine's own calibration is better.
 inline params shipped_defaults(std::string_view transport) {
   params p;
-  if (transport == "shm") p = {6.0e-7, 9.0e-11, 5.0e-11, {}};
-  else if (transport == "tcp") p = {2.0e-5, 3.5e-10, 5.0e-11, {}};
-  else p = {1.0e-6, 1.0e-10, 5.0e-11, {}};  // inproc (threads), and anything else
+  if (transport == "shm") p = {2.1e-7, 7.3e-11, 1.2e-10, {}};
+  else if (transport == "tcp") p = {4.0e-6, 4.5e-10, 1.2e-10, {}};
+  else p = {6.1e-6, 1.2e-10, 1.2e-10, {}};  // inproc (threads), and anything else
   p.source = "shipped defaults for " + std::string(transport);
   return p;
 }
