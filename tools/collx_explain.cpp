@@ -1,0 +1,801 @@
+// collx-explain: what each algorithm policy does for one collective, and what it costs.
+//
+// A collx policy is a pure function from a problem (this rank, the rank count, the block layout)
+// to a schedule: a list of steps, each a few sends and receives that run together. Nothing here
+// runs a collective (unless --measure): the tool asks each policy for every rank's schedule,
+// exactly as the collectives do (collx::model::schedules), and prints
+//   - the schedule as a table, one line per operation:
+//       t3  rank 1  sends block 2 to rank 2
+//       t3  rank 1  receives block 1 from rank 0 and reduces it into out block 1 = recv (+) in block 1
+//   - the per-rank counts read off the same data (what transport::counting records in a real
+//     run), beside the textbook formula (ring all-reduce: 2(N-1) steps, 2(N-1)/N·D bytes sent);
+//   - the cost model's prediction, time = α·steps + β·bytes + γ·reduced on the critical path,
+//     with the α, β, γ used and where they came from (collx-perf --calibrate, or shipped defaults);
+//   - a summary: every policy's predicted time, the one algo::automatic picks, and the message
+//     sizes at which the best policy changes.
+// docs/algorithms.md derives every formula printed here; docs/ring-vs-tree.md is built from this
+// tool's output.
+//
+//   collx-explain all_reduce -n 8 --bytes 64MiB        every policy, predicted time, crossovers
+//   collx-explain -n 5 reduce_scatter                  any collective: all_reduce reduce_scatter
+//                                                      all_gather broadcast reduce all_to_all
+//   collx-explain -n 8 --bytes 1M --root 3 broadcast
+//   collx-explain --noncommutative all_reduce          the rank-order-preserving paths
+//   collx-explain all_reduce -n 8 --dot ring.dot --policy ring     a schedule as Graphviz
+//   collx-explain all_reduce -n 4 --bytes 1M --measure --transport shm   predicted vs measured
+//   collx-explain all_reduce -n 8 --csv 8 1G          predicted time and busbw per policy and size
+//
+// The tool also checks that every send meets a receive of the same size at the same step on its
+// peer, and exits non-zero if one does not (so it doubles as a test).
+#include <collx/calibration.hpp>
+#include <collx/collx.hpp>
+#include <collx/model.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <unistd.h>
+#include <vector>
+
+namespace {
+
+using collx::buf;
+using collx::partition;
+using collx::region;
+using collx::schedule;
+namespace algo = collx::algo;
+
+using coll = algo::collective;
+namespace model = collx::model;
+
+struct config {
+  int n = 4;
+  coll c = coll::all_reduce;
+  std::size_t bytes = std::size_t(64) << 10;  // D: the largest buffer a rank passes (nccl-tests' "size")
+  int root = 0;
+  bool commutative = true;
+  std::string transport = "shm";  // whose α, β, γ the model uses
+  std::string policy;             // only this policy (default: every policy)
+  long steps = 64;                // schedule lines to print per policy (-1: all)
+  std::string dot;                // --dot FILE ("-": stdout)
+  bool measure = false;
+  bool csv = false;
+  std::size_t csv_min = 8, csv_max = std::size_t(1) << 30;
+  std::string perf;               // collx-perf for --measure
+  model::params params;           // the model's parameters for `transport`
+};
+
+model::problem problem_of(const config& cfg) {
+  return model::problem::of_bytes(cfg.c, cfg.n, cfg.bytes, 4, cfg.root, cfg.commutative);
+}
+
+// The element type is float: 4 bytes. Schedules count elements; everything printed is bytes.
+constexpr std::size_t elem = 4;
+
+int timeline(const std::vector<schedule>& all) { return model::timeline(all); }
+
+// ---- naming regions: element offsets back to blocks ------------------------------------------
+
+/// Turns a region into words: "block 2", "blocks 0-1", "half A chunk 1", "scratch block 3".
+/// `layout` is the N-block partition of the buffers with the full layout. Policies that cut the
+/// buffer otherwise name their pieces: the double binary tree its halves (one per tree) and their
+/// pipeline chunks, the ring's chain broadcast/reduce its chunks, and the ring's compact
+/// reduce-scatter keeps partials in two scratch slots instead of a full-layout buffer.
+struct namer {
+  std::size_t in_total = 0, out_total = 0;  // elements of in and out
+  partition layout;
+  std::optional<partition> halves;  // tree all_reduce
+  int chunks_per_half = 1;
+  std::optional<partition> chain;  // ring broadcast/reduce
+  std::size_t slot = 0;            // ring reduce_scatter: elements per scratch slot (0: full layout)
+
+  static std::string range(std::size_t a, std::size_t e) {
+    return "elements [" + std::to_string(a) + ", " + std::to_string(e) + ")";
+  }
+
+  /// Names [off, off + cnt) of a buffer with the full layout.
+  std::string pieces(std::size_t off, std::size_t cnt) const {
+    if (cnt == 0) return "nothing";
+    if (halves) {  // the double binary tree works on halves and their chunks, not on N blocks
+      for (int t = 0; t < halves->parts; ++t) {
+        const std::string h = halves->parts == 1 ? "all (tree A)" : std::string("half ") + char('A' + t);
+        if (off == halves->offset(t) && cnt == halves->count(t)) return h;
+        const partition ch(halves->count(t), chunks_per_half);
+        for (int c = 0; c < ch.parts; ++c)
+          if (off == halves->offset(t) + ch.offset(c) && cnt == ch.count(c)) return h + " chunk " + std::to_string(c);
+      }
+    }
+    if (off == 0 && cnt == layout.total) return layout.parts > 1 ? "all blocks" : "block 0";
+    if (chain)
+      for (int c = 0; c < chain->parts; ++c)
+        if (off == chain->offset(c) && cnt == chain->count(c)) return "chunk " + std::to_string(c);
+    int lo = -1;
+    for (int i = 0; i < layout.parts; ++i) {
+      if (layout.offset(i) == off && layout.count(i) > 0 && lo < 0) lo = i;
+      if (lo >= 0 && layout.end(i) == off + cnt) {
+        return i == lo ? "block " + std::to_string(lo) : "blocks " + std::to_string(lo) + "-" + std::to_string(i);
+      }
+    }
+    return range(off, off + cnt);
+  }
+
+  /// What a region holds, whichever buffer it is in.
+  std::string what(const region& r) const {
+    if (r.count == 0) return "an empty message";
+    if (r.b == buf::tmp) {
+      if (slot) return "the partial in scratch slot " + std::to_string(r.offset / slot);
+      // Scratch has the full layout; a second full-size copy (recursive halving's non-commutative
+      // path alternates two) is named as such.
+      const std::size_t copy = layout.total ? r.offset / layout.total : 0;
+      const std::string p = pieces(r.offset - copy * layout.total, r.count);
+      return copy ? p + " (2nd scratch copy)" : p;
+    }
+    const std::size_t total = r.b == buf::in ? in_total : out_total;
+    if (total != layout.total) return r.offset == 0 && r.count == total ? "(its own block)" : range(r.offset, r.offset + r.count);
+    return pieces(r.offset, r.count);
+  }
+
+  /// A place in memory: "out block 2", "in all blocks", "scratch block 3".
+  std::string where(const region& r) const {
+    const char* b = r.b == buf::in ? "in " : r.b == buf::out ? "out " : "scratch ";
+    if (r.b == buf::tmp && slot) return "scratch slot " + std::to_string(r.offset / slot);
+    return b + what(r);
+  }
+};
+
+// ---- counting what a schedule moves ----------------------------------------------------------
+
+/// Every send must meet a receive of the same size from the same pair at the same step, in the
+/// same order. Returns "" or the first problem.
+std::string check_matching(const std::vector<schedule>& all) {
+  std::map<std::tuple<int, int>, std::vector<std::pair<int, std::size_t>>> sent, got;
+  const int n = int(all.size());
+  for (int r = 0; r < n; ++r) {
+    const schedule& s = all[std::size_t(r)];
+    for (const collx::step& st : s.steps()) {
+      for (auto i = st.sends_begin; i < st.sends_end; ++i) sent[{r, s.sends()[i].peer}].push_back({st.time, s.sends()[i].src.count});
+      for (auto i = st.recvs_begin; i < st.recvs_end; ++i) got[{s.recvs()[i].peer, r}].push_back({st.time, s.recvs()[i].dst.count});
+    }
+  }
+  if (sent != got) return "a send and its receive differ in step or size";
+  return {};
+}
+
+// ---- the textbook formulas -------------------------------------------------------------------
+
+/// A formula for the timeline length and for one byte count, and whose bytes it is.
+struct formula {
+  std::string steps_text;
+  int steps = 0;
+  std::string bytes_text;
+  double bytes = 0;
+  enum class who { each, one_rank, max, total } whom = who::each;
+  int rank = 0;         // for one_rank
+  bool received = false;  // the count is of bytes received, not sent
+  bool pow2_only = false;  // the byte formula holds for N a power of two
+};
+
+int tree_height(int n) {  // the taller of the double binary tree's two trees
+  int best = 0;
+  for (int t = 0; t < 2; ++t) {
+    std::vector<int> depth(std::size_t(n), 0);
+    for (int r = 0; r < n; ++r)
+      for (int a = r; algo::dtree(n, a, t).parent >= 0; a = algo::dtree(n, a, t).parent) ++depth[std::size_t(r)];
+    best = std::max(best, *std::max_element(depth.begin(), depth.end()));
+  }
+  return best;
+}
+
+template <class Algo>
+formula textbook(const Algo&, const config& cfg) {
+  using W = formula::who;
+  const int n = cfg.n, lg = algo::ceil_log2(n), p = algo::floor_pow2(n), lgp = algo::ceil_log2(p);
+  const bool pow2 = n == p;
+  // D: the whole buffer of all_reduce, broadcast and reduce; the N blocks of k elements of the
+  // split collectives (reduce_scatter's input, all_gather's output, all_to_all's send buffer).
+  const bool split = cfg.c == coll::reduce_scatter || cfg.c == coll::all_gather || cfg.c == coll::all_to_all;
+  const double D = double(split ? cfg.bytes / elem / std::size_t(n) * std::size_t(n) * elem : cfg.bytes / elem * elem);
+  const double share = double(n - 1) / n * D;
+  const std::string lgs = pow2 ? "log2 N" : "log2 p + 2";  // recursive halving's steps per phase
+  const int lgv = pow2 ? lgp : lgp + 2;
+  const int chain_chunks = algo::chunks(cfg.bytes / elem, elem, algo::tuning::pipeline_chunk_bytes).parts;
+  const std::string C = "C = " + std::to_string(chain_chunks) + " chunks of 256 KiB";
+  if constexpr (std::is_same_v<Algo, algo::ring>) {
+    switch (cfg.c) {
+      case coll::all_reduce: return {"2(N-1)", 2 * (n - 1), "2(N-1)/N·D", 2 * share, W::each};
+      case coll::reduce_scatter:
+      case coll::all_gather: return {"N-1", n - 1, "(N-1)/N·D", share, W::each};
+      case coll::broadcast:
+        return {"C+N-2, " + C, chain_chunks + n - 2, "D by every rank but the chain's last", D, W::max};
+      case coll::reduce:
+        return {"C+N-2, " + C, chain_chunks + n - 2, "D, received and reduced, by every rank but the chain's first", D,
+                W::max, 0, true};
+      default: break;
+    }
+  } else if constexpr (std::is_same_v<Algo, algo::tree>) {
+    switch (cfg.c) {
+      case coll::all_reduce: {
+        const int H = tree_height(n), trees = cfg.commutative ? 2 : 1;
+        const std::size_t largest = partition(cfg.bytes / elem, trees).count(0);
+        const int c = algo::chunks(largest, elem, algo::tuning::pipeline_chunk_bytes).parts;
+        return {"2H+C-1, H = " + std::to_string(H) + " (tree height), C = " + std::to_string(c) + " chunk(s) per tree",
+                2 * H + c - 1, "2(N-1)·D, all ranks together", 2.0 * (n - 1) * D, W::total};
+      }
+      case coll::reduce_scatter:
+        return {"2·ceil(log2 N): reduce to rank 0, then scatter", 2 * lg, "(N-1)/N·D by rank 0 (the scatter)", share,
+                W::one_rank, 0};
+      case coll::all_gather:
+        return {"2·ceil(log2 N): gather at rank 0, then broadcast", 2 * lg, "ceil(log2 N)·D by rank 0 (the broadcast)",
+                lg * D, W::one_rank, 0};
+      case coll::broadcast:
+        return {"ceil(log2 N)", lg, "ceil(log2 N)·D by the root", lg * D, W::one_rank, cfg.root};
+      case coll::reduce: {
+        // A non-commutative op is reduced at rank 0 (where binomial subtrees are rank ranges), which
+        // then forwards the result to the root in one more step.
+        const bool forward = !cfg.commutative && cfg.root != 0;
+        return {forward ? "ceil(log2 N)+1" : "ceil(log2 N)", lg + (forward ? 1 : 0),
+                forward ? "ceil(log2 N)·D received by rank 0" : "ceil(log2 N)·D received by the root",
+                lg * D, W::one_rank, forward ? 0 : cfg.root, true};
+      }
+      default: break;
+    }
+  } else if constexpr (std::is_same_v<Algo, algo::recursive_halving>) {
+    const std::string note;
+    formula f = [&]() -> formula {
+    switch (cfg.c) {
+      case coll::all_reduce:
+        if (!cfg.commutative)
+          return {"2(" + lgs + ")", 2 * lgv, "log2 p·D + (N-1)/N·D (doubling on whole vectors, then all-gather)" + note,
+                  lgp * D + share, W::max};
+        return {"2(" + lgs + ")", 2 * lgv, "2(N-1)/N·D" + note, 2 * share, W::max};
+      case coll::reduce_scatter:
+        if (!cfg.commutative) return {lgs, lgv, "log2 p·D (doubling on whole vectors)" + note, lgp * D, W::max};
+        return {lgs, lgv, "(N-1)/N·D" + note, share, W::max};
+      case coll::all_gather: return {lgs, lgv, "(N-1)/N·D" + note, share, W::max};
+      case coll::broadcast:
+        // The scatter's last time slot only copies (in place: nothing), so the all-gather starts a
+        // slot later on the timeline: ceil(log2 N) + 1 + (steps of the all-gather).
+        return {"ceil(log2 N)+1+(" + lgs + "): binomial scatter, then all-gather", lg + 1 + lgv,
+                "2(N-1)/N·D by the root" + note, 2 * share, W::one_rank, cfg.root};
+      case coll::reduce:
+        return {"(" + lgs + ")+1: reduce-scatter, then every block straight to the root", lgv + 1,
+                "(N-1)/N·D received by the root in the last step, after its reduce-scatter share" + note,
+                cfg.commutative ? 2 * share : lgp * D + share, W::one_rank, cfg.root, true};
+      default: break;
+    }
+    return {};
+    }();
+    f.pow2_only = !pow2;
+    return f;
+  } else if constexpr (std::is_same_v<Algo, algo::pairwise>) {
+    if (cfg.bytes / std::size_t(n) <= algo::tuning::a2a_one_step_bytes)
+      return {"1 (blocks of at most 1 MiB: every exchange at once)", 1, "(N-1)/N·D", share, W::each};
+    return {"N-1", n - 1, "(N-1)/N·D", share, W::each};
+  } else if constexpr (std::is_same_v<Algo, algo::recursive_doubling>) {
+    formula f{lgs, lgv, "log2 p·D (whole vectors), + D on the folded ranks", lgp * D, W::max};
+    f.pow2_only = !pow2;
+    return f;
+  }
+  return {};
+}
+
+// ---- printing --------------------------------------------------------------------------------
+
+std::string human(double bytes) {
+  char b[32];
+  if (bytes >= 1 << 20) std::snprintf(b, sizeof b, "%.4g MiB", bytes / (1 << 20));
+  else if (bytes >= 1 << 10) std::snprintf(b, sizeof b, "%.4g KiB", bytes / (1 << 10));
+  else std::snprintf(b, sizeof b, "%.0f B", bytes);
+  return b;
+}
+
+std::string human_time(double s) {
+  char b[32];
+  if (s >= 1) std::snprintf(b, sizeof b, "%.3g s", s);
+  else if (s >= 1e-3) std::snprintf(b, sizeof b, "%.3g ms", s * 1e3);
+  else std::snprintf(b, sizeof b, "%.3g us", s * 1e6);
+  return b;
+}
+
+/// Where a message is sent from, when that is worth saying: " (from in)", " (from out)".
+std::string from(const region& r) {
+  if (r.count == 0) return "";
+  return r.b == buf::in ? " (from in)" : r.b == buf::out ? " (from out)" : " (from scratch)";
+}
+
+std::string combine_text(const collx::recv_op& r, const namer& nm) {
+  if (r.how == collx::combine::received_left) return nm.where(r.dst) + " = recv (+) " + nm.where(r.with);
+  return nm.where(r.dst) + " = " + nm.where(r.with) + " (+) recv";
+}
+
+template <class Algo>
+bool print_policy(const Algo& a, const config& cfg) {
+  if constexpr (!Algo::keeps_rank_order) {
+    if (!cfg.commutative) {
+      std::printf("\n== %s: no schedule. This policy combines in ring order, not rank order, so a reducing\n"
+                  "   collective refuses a non-commutative op at compile time.\n",
+                  Algo::name);
+      return true;
+    }
+  }
+  int ag_shift = -1;
+  const std::vector<schedule> all = model::schedules(a, problem_of(cfg), &ag_shift);
+  if (all.empty()) return true;
+  const int n = cfg.n;
+  const std::size_t D = cfg.bytes / elem, k = D / std::size_t(n);
+
+  namer nm{D, D, partition(D, n), std::nullopt, 1, std::nullopt, 0};
+  switch (cfg.c) {
+    case coll::reduce_scatter:
+      nm = {k * std::size_t(n), k, partition(k * std::size_t(n), n), std::nullopt, 1, std::nullopt, 0};
+      if (std::is_same_v<Algo, algo::ring>) nm.slot = partition(k * std::size_t(n), n).max_count();
+      break;
+    case coll::all_gather: nm = {k, k * std::size_t(n), partition(k * std::size_t(n), n), std::nullopt, 1, std::nullopt, 0}; break;
+    case coll::all_to_all: nm = {k * std::size_t(n), k * std::size_t(n), partition(k * std::size_t(n), n), std::nullopt, 1, std::nullopt, 0}; break;
+    case coll::all_reduce:
+      if (ag_shift < 0) {  // the double binary tree: name halves and chunks as tree.hpp cuts them
+        const partition halves(D, cfg.commutative ? 2 : 1);
+        nm.halves = halves;
+        nm.chunks_per_half = algo::chunks(halves.count(0), elem, algo::tuning::pipeline_chunk_bytes).parts;
+      }
+      break;
+    case coll::broadcast:
+    case coll::reduce:
+      if (std::is_same_v<Algo, algo::ring>) nm.chain = algo::chunks(D, elem, algo::tuning::pipeline_chunk_bytes);
+      break;
+  }
+
+  std::printf("\n== %s %s, N = %d, D = %s%s%s\n", Algo::name, model::name(cfg.c), n,
+              human(double(cfg.bytes)).c_str(),
+              cfg.c == coll::broadcast || cfg.c == coll::reduce ? (", root " + std::to_string(cfg.root)).c_str() : "",
+              cfg.commutative ? "" : ", non-commutative op");
+  if (ag_shift >= 0) std::printf("   reduce-scatter at t0..t%d, then all-gather from t%d\n", ag_shift - 1, ag_shift);
+  if (nm.halves && nm.halves->parts == 2)
+    std::printf("   half A (elements [0, %zu)) goes through tree A, half B through tree B, at once\n", nm.halves->count(0));
+  if (nm.halves && nm.halves->parts == 1)
+    std::printf("   all of the buffer goes through tree A, whose subtrees are ranges of consecutive ranks\n");
+
+  // The table: one line per operation, by step time and rank. A step's local copies run before its
+  // messages; a step with only copies is merged into the next.
+  int last = 0;
+  for (const schedule& s : all)
+    if (!s.steps().empty()) last = std::max(last, s.steps().back().time);
+  std::size_t max_tmp = 0;
+  // The ring's compact reduce-scatter keeps partials in two scratch slots: remember which block's
+  // partial each slot holds (the block it was reduced with), to name what is sent from it.
+  std::vector<std::map<std::size_t, std::string>> slot_holds(std::size_t(n), std::map<std::size_t, std::string>{});
+  auto msg = [&](int r, const region& x) {
+    if (x.b == buf::tmp && nm.slot) {
+      const auto it = slot_holds[std::size_t(r)].find(x.offset);
+      if (it != slot_holds[std::size_t(r)].end()) return "the partial of " + it->second;
+    }
+    return nm.what(x);
+  };
+  long printed = 0, skipped = 0;
+  for (int t = 0; t <= last; ++t) {
+    for (int r = 0; r < n; ++r) {
+      const schedule& s = all[std::size_t(r)];
+      max_tmp = std::max(max_tmp, s.tmp_elems());
+      for (const collx::step& st : s.steps()) {
+        if (st.time != t) continue;
+        auto line = [&](const std::string& text) {
+          if (cfg.steps >= 0 && printed >= cfg.steps) {
+            ++skipped;
+            return;
+          }
+          ++printed;
+          std::printf("  t%-3d rank %-3d %s\n", t, r, text.c_str());
+        };
+        for (auto i = st.copies_begin; i < st.copies_end; ++i)
+          line("copies " + nm.where(s.copies()[i].src) + " to " + nm.where(s.copies()[i].dst));
+        for (auto i = st.sends_begin; i < st.sends_end; ++i)
+          line("sends " + msg(r, s.sends()[i].src) + " to rank " + std::to_string(s.sends()[i].peer) + from(s.sends()[i].src));
+        for (auto i = st.recvs_begin; i < st.recvs_end; ++i) {
+          const collx::recv_op& o = s.recvs()[i];
+          if (o.dst.b == buf::tmp && nm.slot && o.how != collx::combine::copy)
+            slot_holds[std::size_t(r)][o.dst.offset] = nm.what(o.with);
+          std::string text = "receives " + msg(r, o.dst) + " from rank " + std::to_string(o.peer);
+          if (o.dst.count == 0) text += " (it still costs a message)";
+          else text += o.how == collx::combine::copy ? " into " + nm.where(o.dst) : ", reduces: " + combine_text(o, nm);
+          line(text);
+        }
+      }
+    }
+  }
+  if (skipped) std::printf("  ... %ld more lines (--steps all prints them)\n", skipped);
+  if (max_tmp) std::printf("   scratch: up to %s per rank\n", human(double(max_tmp * elem)).c_str());
+
+  const std::string problem = check_matching(all);
+  if (!problem.empty()) std::printf("   SCHEDULE ERROR: %s\n", problem.c_str());
+  if (n == 1) {
+    std::printf("   N = 1: no messages, only local copies\n");
+    return problem.empty();
+  }
+
+  // What each rank moves, read off the schedules, and the formula beside it.
+  const formula f = textbook(a, cfg);
+  std::printf("   %-6s %6s %10s %12s %10s %12s %12s\n", "rank", "steps", "msgs sent", "bytes sent", "msgs recv",
+              "bytes recv", "bytes reduced");
+  std::size_t total_sent = 0, max_counted = 0;
+  const model::cost cost = model::analyse(all, elem);
+  const auto& tl = cost.ranks;
+  for (int r = 0; r < n; ++r) {
+    const auto& t = tl[std::size_t(r)];
+    if (r < 16 || r == n - 1)
+      std::printf("   %-6d %6llu %10llu %12llu %10llu %12llu %12llu\n", r, (unsigned long long)t.steps,
+                  (unsigned long long)t.messages_sent, (unsigned long long)t.bytes_sent,
+                  (unsigned long long)t.messages_received, (unsigned long long)t.bytes_received,
+                  (unsigned long long)t.bytes_reduced);
+    else if (r == 16)
+      std::printf("   ...\n");
+    total_sent += t.bytes_sent;
+    max_counted = std::max<std::size_t>(max_counted, f.received ? t.bytes_received : t.bytes_sent);
+  }
+  const int span = timeline(all);
+  std::printf("   timeline: %d steps; formula %s = %d%s\n", span, f.steps_text.c_str(), f.steps,
+              span == f.steps ? " (matches)" : " (differs)");
+  std::size_t counted = 0;
+  std::string whose;
+  switch (f.whom) {
+    case formula::who::each: {
+      std::size_t lo = SIZE_MAX, hi = 0;
+      for (const auto& t : tl) {
+        lo = std::min<std::size_t>(lo, f.received ? t.bytes_received : t.bytes_sent);
+        hi = std::max<std::size_t>(hi, f.received ? t.bytes_received : t.bytes_sent);
+      }
+      counted = hi;
+      whose = lo == hi ? "every rank " : "ranks " + std::to_string(lo) + " to ";
+      break;
+    }
+    case formula::who::one_rank:
+      counted = f.received ? tl[std::size_t(f.rank)].bytes_received : tl[std::size_t(f.rank)].bytes_sent;
+      whose = "rank " + std::to_string(f.rank) + " ";
+      break;
+    case formula::who::max: counted = max_counted; whose = "at most "; break;
+    case formula::who::total: counted = total_sent; whose = "all ranks "; break;
+  }
+  const double diff = double(counted) - f.bytes;
+  std::printf("   bytes %s: %s%zu; formula %s = %.0f%s\n", f.received ? "received" : "sent", whose.c_str(), counted,
+              f.bytes_text.c_str(), f.bytes,
+              f.pow2_only ? " (for N a power of two; here the first 2(N-p) ranks fold in pairs, which moves up to D\n"
+                            "   more on them: see docs/algorithms.md)"
+              : diff == 0                                  ? " (matches)"
+              : std::abs(diff) <= double(2 * n * int(elem)) ? " (matches up to partition rounding)"
+                                                           : " (differs)");
+  const model::params& p = cfg.params;
+  std::printf("   model: critical path %d steps, %s moved, %s reduced\n", cost.steps, human(double(cost.bytes)).c_str(),
+              human(double(cost.reduced)).c_str());
+  std::printf("   predicted: %.3g x %d + %.3g x %llu + %.3g x %llu = %s\n", p.alpha, cost.steps, p.beta,
+              (unsigned long long)cost.bytes, p.gamma, (unsigned long long)cost.reduced,
+              human_time(model::predict(cost, p)).c_str());
+
+  return problem.empty();
+}
+
+std::optional<std::size_t> parse_size(std::string_view s) {  // 64K, 1M, 64MiB, 1G, 4096
+  if (s.empty()) return std::nullopt;
+  std::size_t mult = 1;
+  for (std::string_view suffix : {"iB", "B"})
+    if (s.size() > suffix.size() && s.substr(s.size() - suffix.size()) == suffix) {
+      s.remove_suffix(suffix.size());
+      break;
+    }
+  const char last = s.empty() ? 0 : s.back();
+  if (last == 'K' || last == 'k') mult = std::size_t(1) << 10;
+  if (last == 'M' || last == 'm') mult = std::size_t(1) << 20;
+  if (last == 'G' || last == 'g') mult = std::size_t(1) << 30;
+  if (mult != 1) s.remove_suffix(1);
+  char* end = nullptr;
+  const std::string str(s);
+  const unsigned long long v = std::strtoull(str.c_str(), &end, 10);
+  if (str.empty() || end == str.c_str() || *end != 0) return std::nullopt;
+  return std::size_t(v) * mult;
+}
+
+/// The policies to show: --policy, or every one that has the collective.
+std::vector<model::choice> shown(const config& cfg) {
+  std::vector<model::choice> v;
+  for (model::choice p : model::all_policies) {
+    if (!cfg.policy.empty() && cfg.policy != model::name(p)) continue;
+    if (model::supports(p, cfg.c, true)) v.push_back(p);
+  }
+  return v;
+}
+
+/// nccl-tests' bus bandwidth factor of a collective.
+double bus_factor(coll c, int n) {
+  if (n <= 1) return 1.0;
+  if (c == coll::all_reduce) return 2.0 * (n - 1) / n;
+  if (c == coll::broadcast || c == coll::reduce) return 1.0;
+  return double(n - 1) / n;
+}
+
+/// The sizes (bytes) at which the model's best policy changes, between lo and hi, with the
+/// policy that wins above each: found by doubling, then bisection to the element.
+std::vector<std::pair<std::size_t, model::choice>> crossovers(const config& cfg, std::size_t lo, std::size_t hi) {
+  const std::size_t unit = elem * (model::problem::split(cfg.c) ? std::size_t(cfg.n) : 1);
+  auto best = [&](std::size_t b) {
+    return model::best(model::problem::of_bytes(cfg.c, cfg.n, b, elem, cfg.root, cfg.commutative), cfg.params);
+  };
+  std::vector<std::pair<std::size_t, model::choice>> v;
+  lo = std::max(lo, unit);
+  model::choice cur = best(lo);
+  v.push_back({lo, cur});
+  for (std::size_t b = lo; b < hi;) {
+    const std::size_t next = std::min(hi, b * 2);
+    const model::choice c = best(next);
+    if (c != cur) {
+      std::size_t a = b, z = next;  // best(a) == cur, best(z) == c
+      while (z - a > unit) {
+        const std::size_t m = a + (z - a) / 2 / unit * unit;
+        if (m == a) break;
+        if (best(m) == cur) a = m;
+        else z = m;
+      }
+      cur = best(z);
+      v.push_back({z, cur});
+    }
+    b = next;
+  }
+  return v;
+}
+
+void print_summary(const config& cfg) {
+  const model::problem pr = problem_of(cfg);
+  const auto cands = model::evaluate(pr, cfg.params);
+  if (cands.empty() || cfg.n < 2) return;
+  const model::choice pick = model::best(pr, cfg.params);
+  std::printf("\n== the cost model: %s, N = %d, D = %s%s\n", model::name(cfg.c), cfg.n, human(double(pr.bytes())).c_str(),
+              cfg.commutative ? "" : ", non-commutative op");
+  std::printf("   time = alpha x steps + beta x bytes + gamma x reduced, on the critical path\n");
+  std::printf("   alpha %.3g s/step, beta %.3g s/B (%.2f GB/s), gamma %.3g s/B (%.2f GB/s)\n", cfg.params.alpha,
+              cfg.params.beta, cfg.params.beta > 0 ? 1e-9 / cfg.params.beta : 0.0, cfg.params.gamma,
+              cfg.params.gamma > 0 ? 1e-9 / cfg.params.gamma : 0.0);
+  std::printf("   from: %s\n", cfg.params.source.c_str());
+  std::printf("   %-20s %7s %12s %12s %12s %10s\n", "policy", "steps", "bytes", "reduced", "predicted", "busbw");
+  for (const auto& c : cands) {
+    const double bw = c.seconds > 0 ? double(pr.bytes()) / c.seconds * bus_factor(cfg.c, cfg.n) / 1e9 : 0;
+    std::printf("   %-20s %7d %12llu %12llu %12s %7.2f GB/s%s\n", model::name(c.policy), c.c.steps,
+                (unsigned long long)c.c.bytes, (unsigned long long)c.c.reduced, human_time(c.seconds).c_str(), bw,
+                c.policy == pick ? "   <- algo::automatic" : "");
+  }
+  const auto xs = crossovers(cfg, 8, std::size_t(1) << 30);
+  std::printf("   the best policy by size (8 B .. 1 GiB, this model):\n");
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    const std::string to = i + 1 < xs.size() ? "below " + human(double(xs[i + 1].first)) : "and up";
+    std::printf("     from %-12s %-14s %s\n", human(double(xs[i].first)).c_str(), to.c_str(), model::name(xs[i].second));
+  }
+  if (std::getenv("COLLX_ALGO"))
+    std::printf("   (COLLX_ALGO=%s is set: algo::automatic follows it where it applies)\n", std::getenv("COLLX_ALGO"));
+}
+
+/// --csv: predicted time and bus bandwidth per policy and size (powers of two), for plots.
+void print_csv(const config& cfg) {
+  std::printf("bytes,policy,predicted_us,busbw_GBps,best\n");
+  for (std::size_t b = cfg.csv_min; b <= cfg.csv_max; b *= 2) {
+    const model::problem pr = model::problem::of_bytes(cfg.c, cfg.n, b, elem, cfg.root, cfg.commutative);
+    if (pr.count == 0) continue;
+    const model::choice pick = model::best(pr, cfg.params);
+    for (const auto& c : model::evaluate(pr, cfg.params)) {
+      if (!cfg.policy.empty() && cfg.policy != model::name(c.policy)) continue;
+      const double bw = double(pr.bytes()) / c.seconds * bus_factor(cfg.c, cfg.n) / 1e9;
+      std::printf("%zu,%s,%.6g,%.6g,%d\n", pr.bytes(), model::name(c.policy), c.seconds * 1e6, bw, c.policy == pick);
+    }
+  }
+}
+
+/// --dot: one policy's schedule as a Graphviz digraph: time runs left to right, one row per
+/// rank; an arrow per message, labelled with its size, red where the receiver reduces it.
+bool write_dot(const config& cfg) {
+  const model::choice p = cfg.policy.empty() ? model::best(problem_of(cfg), cfg.params) : *model::parse_policy(cfg.policy);
+  const std::vector<schedule> all = model::schedules(p, problem_of(cfg));
+  if (all.empty()) {
+    std::fprintf(stderr, "collx-explain: %s has no %s schedule\n", model::name(p), model::name(cfg.c));
+    return false;
+  }
+  std::FILE* f = cfg.dot == "-" ? stdout : std::fopen(cfg.dot.c_str(), "w");
+  if (!f) {
+    std::fprintf(stderr, "collx-explain: cannot write %s\n", cfg.dot.c_str());
+    return false;
+  }
+  const int n = cfg.n, T = timeline(all);
+  std::fprintf(f, "// collx-explain %s -n %d --bytes %zu --policy %s --dot\n", model::name(cfg.c), n, cfg.bytes, model::name(p));
+  std::fprintf(f, "digraph collx {\n  label=\"%s %s, N = %d, D = %s\";\n  labelloc=t;\n  rankdir=LR;\n  newrank=true;\n",
+               model::name(p), model::name(cfg.c), n, human(double(cfg.bytes)).c_str());
+  std::fprintf(f, "  node [shape=circle, fontsize=9, width=0.35, fixedsize=true];\n  edge [fontsize=8];\n");
+  for (int r = 0; r < n; ++r) {
+    std::fprintf(f, "  start%d [label=\"rank %d\", shape=plaintext, fixedsize=false];\n", r, r);
+    std::fprintf(f, "  start%d -> r%dt0 [style=invis];\n", r, r);
+    for (int t = 0; t <= T; ++t) {
+      std::fprintf(f, "  r%dt%d [label=\"t%d\"];\n", r, t, t);
+      if (t < T) std::fprintf(f, "  r%dt%d -> r%dt%d [color=gray80, arrowhead=none, weight=10];\n", r, t, r, t + 1);
+    }
+  }
+  for (int t = 0; t <= T; ++t) {
+    std::fprintf(f, "  { rank=same;");
+    for (int r = 0; r < n; ++r) std::fprintf(f, " r%dt%d;", r, t);
+    std::fprintf(f, " }\n");
+  }
+  // Receives by (from, to, time), in order, to tell which messages are reduced.
+  std::map<std::tuple<int, int, int>, std::vector<bool>> reduced;
+  for (int r = 0; r < n; ++r)
+    for (const collx::step& st : all[std::size_t(r)].steps())
+      for (auto i = st.recvs_begin; i < st.recvs_end; ++i) {
+        const auto& o = all[std::size_t(r)].recvs()[i];
+        reduced[{o.peer, r, st.time}].push_back(o.how != collx::combine::copy);
+      }
+  for (int r = 0; r < n; ++r)
+    for (const collx::step& st : all[std::size_t(r)].steps()) {
+      std::map<int, std::size_t> nth;
+      for (auto i = st.sends_begin; i < st.sends_end; ++i) {
+        const auto& o = all[std::size_t(r)].sends()[i];
+        const auto& red = reduced[{r, o.peer, st.time}];
+        const std::size_t k = nth[o.peer]++;
+        const bool reduces = k < red.size() && red[k];
+        // A message of step t arrives for step t's end: drawn from t to t+1.
+        std::fprintf(f, "  r%dt%d -> r%dt%d [label=\"%s\"%s];\n", r, st.time, o.peer, st.time + 1,
+                     human(double(o.src.count * elem)).c_str(), reduces ? ", color=red, fontcolor=red" : "");
+      }
+    }
+  std::fprintf(f, "}\n");
+  if (f != stdout) {
+    std::fclose(f);
+    std::printf("wrote %s (%s; render with: dot -Tpng %s -o schedule.png)\n", cfg.dot.c_str(), model::name(p), cfg.dot.c_str());
+  }
+  return true;
+}
+
+/// --measure: runs collx-perf for each policy at this size and prints predicted and measured time.
+bool measure(const config& cfg) {
+  const std::string perf_transport = cfg.transport == "inproc" ? "threads" : cfg.transport;
+  const model::problem pr = problem_of(cfg);
+  const std::size_t b = pr.bytes();
+  const int iters = b < (std::size_t(64) << 10) ? 1000 : b <= (std::size_t(4) << 20) ? 50 : 5;
+  std::printf("\n== predicted and measured: %s -np %d, %s, transport %s (%s)\n", model::name(cfg.c), cfg.n,
+              human(double(b)).c_str(), perf_transport.c_str(), cfg.perf.c_str());
+  std::printf("   %-20s %12s %12s %10s\n", "policy", "predicted", "measured", "meas/pred");
+  bool ok = true;
+  std::vector<std::string> names;
+  for (model::choice p : shown(cfg)) names.push_back(model::name(p));
+  if (cfg.policy.empty()) names.push_back("automatic");
+  for (const std::string& name : names) {
+    const std::string cmd = cfg.perf + " --transport " + perf_transport + " -np " + std::to_string(cfg.n) + " --op " +
+                            model::name(cfg.c) + " --algo " + name + " -b " + std::to_string(b) + " -e " + std::to_string(b) +
+                            " -n " + std::to_string(iters) + " -w " + std::to_string(std::max(2, iters / 20)) +
+                            (cfg.c == coll::broadcast || cfg.c == coll::reduce ? " -r " + std::to_string(cfg.root) : "") +
+                            " 2>&1";
+    std::FILE* pp = popen(cmd.c_str(), "r");
+    double us = -1;
+    char line[512];
+    while (pp && std::fgets(line, sizeof line, pp)) {
+      if (line[0] == '#') continue;
+      unsigned long long size = 0, count = 0;
+      char type[32], redop[32];
+      int root = 0;
+      double t = 0;
+      if (std::sscanf(line, "%llu %llu %31s %31s %d %lf", &size, &count, type, redop, &root, &t) == 6) us = t;
+    }
+    const int rc = pp ? pclose(pp) : -1;
+    const auto pol = model::parse_policy(name);
+    const model::choice predicted_policy = pol ? *pol : model::best(pr, cfg.params);
+    const double pred = model::predict(model::analyse(predicted_policy, pr), cfg.params) * 1e6;
+    if (us < 0 || rc != 0) {
+      std::printf("   %-20s %9.2f us %12s   (collx-perf failed: %s)\n", name.c_str(), pred, "-", cmd.c_str());
+      ok = false;
+      continue;
+    }
+    std::printf("   %-20s %9.2f us %9.2f us %10.2f%s\n", name.c_str(), pred, us, us / pred,
+                pol ? "" : (std::string("   (ran ") + model::name(predicted_policy) + ")").c_str());
+  }
+  return ok;
+}
+
+int usage(const char* argv0) {
+  std::fprintf(stderr,
+               "usage: %s [COLLECTIVE] [-n N] [--bytes SIZE] [--root R] [--noncommutative] [--transport T]\n"
+               "                     [--policy P] [--steps K|all] [--dot FILE] [--measure] [--csv MIN MAX]\n"
+               "  COLLECTIVE        all_reduce (default), reduce_scatter, all_gather, broadcast, reduce, all_to_all\n"
+               "  -n N              ranks (default 4)\n"
+               "  -b, --bytes SIZE  the largest buffer a rank passes (nccl-tests' size), e.g. 64K (default), 64MiB\n"
+               "  --root R          root of broadcast and reduce (default 0)\n"
+               "  --noncommutative  the rank-order-preserving paths\n"
+               "  --transport T     whose alpha, beta, gamma the model uses, and --measure runs over:\n"
+               "                    threads, shm (default) or tcp\n"
+               "  --policy P        only this policy (ring, tree, recursive_halving, recursive_doubling, pairwise)\n"
+               "  --steps K|all     schedule lines printed per policy (default 64)\n"
+               "  --dot FILE        write one policy's schedule (--policy, else the model's pick) as Graphviz ('-': stdout)\n"
+               "  --measure         also run each policy with collx-perf and print predicted and measured time\n"
+               "                    (collx-perf: $COLLX_PERF, else next to this program or in ../bench/, else PATH)\n"
+               "  --csv MIN MAX     print predicted time and busbw per policy for sizes MIN..MAX (x2), as CSV\n",
+               argv0);
+  return 2;
+}
+
+/// collx-perf for --measure.
+std::string find_perf(const char* argv0) {
+  if (const char* e = std::getenv("COLLX_PERF"); e != nullptr && *e != 0) return e;
+  std::string dir = argv0;
+  dir = dir.find('/') == std::string::npos ? "." : dir.substr(0, dir.rfind('/'));
+  for (const std::string& c : {dir + "/collx-perf", dir + "/../bench/collx-perf"})
+    if (access(c.c_str(), X_OK) == 0) return c;
+  return "collx-perf";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  config cfg;
+  bool bytes_given = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    auto value = [&]() -> std::string_view { return i + 1 < argc ? argv[++i] : ""; };
+    if (arg == "-n" || arg == "-b" || arg == "--bytes" || arg == "--root") {
+      const auto v = parse_size(value());
+      if (!v) return usage(argv[0]);
+      if (arg == "-n") cfg.n = int(*v);
+      else if (arg == "--root") cfg.root = int(*v);
+      else cfg.bytes = *v, bytes_given = true;
+    } else if (arg == "--noncommutative") {
+      cfg.commutative = false;
+    } else if (arg == "--transport") {
+      cfg.transport = value();
+      if (cfg.transport == "threads") cfg.transport = "inproc";
+      if (cfg.transport != "inproc" && cfg.transport != "shm" && cfg.transport != "tcp") return usage(argv[0]);
+    } else if (arg == "--policy") {
+      cfg.policy = value();
+      if (!model::parse_policy(cfg.policy)) {
+        std::fprintf(stderr, "collx-explain: unknown policy '%s'\n", cfg.policy.c_str());
+        return 2;
+      }
+    } else if (arg == "--steps") {
+      const std::string_view v = value();
+      if (v == "all") cfg.steps = -1;
+      else if (const auto k = parse_size(v)) cfg.steps = long(*k);
+      else return usage(argv[0]);
+    } else if (arg == "--dot") {
+      cfg.dot = value();
+      if (cfg.dot.empty()) return usage(argv[0]);
+    } else if (arg == "--measure") {
+      cfg.measure = true;
+    } else if (arg == "--csv") {
+      const auto lo = parse_size(value()), hi = parse_size(value());
+      if (!lo || !hi || *lo == 0 || *hi < *lo) return usage(argv[0]);
+      cfg.csv = true;
+      cfg.csv_min = *lo;
+      cfg.csv_max = *hi;
+    } else if (const auto c = model::parse_collective(arg)) {
+      cfg.c = *c;
+    } else {
+      return usage(argv[0]);
+    }
+  }
+  (void)bytes_given;
+  if (cfg.n < 1 || cfg.n > 1024 || cfg.root < 0 || cfg.root >= cfg.n) return usage(argv[0]);
+  if (!cfg.policy.empty() && !model::supports(*model::parse_policy(cfg.policy), cfg.c, cfg.commutative)) {
+    std::fprintf(stderr, "collx-explain: %s has no %s schedule%s\n", cfg.policy.c_str(), model::name(cfg.c),
+                 cfg.commutative ? "" : " for a non-commutative op");
+    return 2;
+  }
+  cfg.params = model::params_for(cfg.transport);
+  cfg.perf = find_perf(argv[0]);
+  if (cfg.csv) {
+    print_csv(cfg);
+    return 0;
+  }
+  if (!cfg.dot.empty()) return write_dot(cfg) ? 0 : 1;
+
+  std::printf("%s over N = %d ranks, D = %zu bytes of float (blocks: the buffer cut into N in rank order)\n",
+              model::name(cfg.c), cfg.n, cfg.bytes);
+  bool ok = true;
+  for (model::choice p : shown(cfg))
+    ok = model::visit(p, [&](const auto& a) { return print_policy(a, cfg); }) && ok;
+  print_summary(cfg);
+  if (cfg.measure) ok = measure(cfg) && ok;
+  return ok ? 0 : 1;
+}
