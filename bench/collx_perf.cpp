@@ -474,7 +474,7 @@ struct sweep_info {
 
 /// The model's parameters for this run's transport, as automatic reads them.
 collx::model::params run_params(const config& cfg) {
-  return collx::model::params_for(cfg.transport == "threads" ? "inproc" : cfg.transport);
+  return collx::model::params_for(cfg.transport == "threads" ? "inproc" : cfg.transport, cfg.ranks);
 }
 
 /// With --algo all: for each size, the fastest policy against automatic, and what the model
@@ -605,7 +605,7 @@ void run(const config& cfg, totals& tot) {
 //   α = the time of an 8-byte step;
 //   β = the median over 64 KiB, 1 MiB and 16 MiB of (time - α) / bytes;
 //   γ = seconds per byte of `dst = a + b` over 64 KiB of float (an operand's bytes, as the model
-//       counts reduced bytes), through collx's own reduction loop: the transports reduce a
+//       counts reduced bytes), through collx's own reduction loop, on every rank at once: the transports reduce a
 //       message chunk by chunk as it arrives (shm's 64 KiB slots, tcp's 64 KiB bounce buffer),
 //       on data that is in cache.
 // Each figure is the median of 5 batches.
@@ -644,22 +644,30 @@ double time_step(const config& cfg, std::size_t bytes, int iters, int batches) {
   return got[got.size() / 2];
 }
 
-/// Seconds per operand byte of collx's float-sum loop over 64 KiB operands (median of 5).
-double time_reduction() {
-  const std::size_t n = (std::size_t(64) << 10) / sizeof(float);
-  std::vector<float> a(n, 1.0f), b(n, 2.0f), c(n);
-  const collx::combiner comb = collx::ops::host_combiner<float>(collx::ops::sum{});
+/// Seconds per operand byte of collx's float-sum loop over 64 KiB operands, run by every rank at
+/// once (so ranks that share cores are measured sharing them), timed on rank 0; median of 5.
+double time_reduction(const config& cfg) {
+  report& rep = shared_report();
   std::vector<double> got;
   for (int k = 0; k < 5; ++k) {
-    const int reps = 4000;
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < reps; ++i) {
-      comb(reinterpret_cast<std::byte*>(c.data()), reinterpret_cast<const std::byte*>(a.data()),
-           reinterpret_cast<const std::byte*>(b.data()), n);
-      a[i % n] = c[(i * 7) % n];  // keep every pass live
-    }
-    const auto t1 = std::chrono::steady_clock::now();
-    got.push_back(std::chrono::duration<double>(t1 - t0).count() / reps / double(n * sizeof(float)));
+    rep.us = 0;
+    launch(cfg.ranks, [&](comm_t& comm) {
+      const std::size_t n = (std::size_t(64) << 10) / sizeof(float);
+      std::vector<float> a(n, 1.0f), b(n, 2.0f), c(n);
+      const collx::combiner comb = collx::ops::host_combiner<float>(collx::ops::sum{});
+      const int reps = 2000;
+      collx::barrier(comm);
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < reps; ++i) {
+        comb(reinterpret_cast<std::byte*>(c.data()), reinterpret_cast<const std::byte*>(a.data()),
+             reinterpret_cast<const std::byte*>(b.data()), n);
+        a[std::size_t(i) % n] = c[(std::size_t(i) * 7) % n];  // keep every pass live
+      }
+      const auto t1 = std::chrono::steady_clock::now();
+      collx::barrier(comm);
+      if (comm.rank() == 0) shared_report().us = std::chrono::duration<double, std::micro>(t1 - t0).count() / reps;
+    });
+    got.push_back(rep.us * 1e-6 / double((std::size_t(64) << 10)));
   }
   std::sort(got.begin(), got.end());
   return got[2];
@@ -684,22 +692,24 @@ int calibrate(const config& cfg) {
   }
   std::sort(per_byte.begin(), per_byte.end());
   const double beta = per_byte[per_byte.size() / 2];
-  const double gamma = time_reduction();
+  const double gamma = time_reduction(cfg);
   std::printf("#   float sum over 64 KiB: %.2f GB/s of operand  -> gamma\n", 1e-9 / gamma);
-  const collx::model::params p{alpha, beta, gamma, {}};
+  collx::model::params p{alpha, beta, gamma, {}};
+  p.cores = collx::detail::usable_cores();
+  p.ranks = cfg.ranks;
   std::printf("alpha %.4g s   beta %.4g s/B (%.2f GB/s)   gamma %.4g s/B (%.2f GB/s)\n", alpha, beta, 1e-9 / beta, gamma,
               1e-9 / gamma);
   std::printf("# the model's line through them, against each measured step:\n");
   for (const auto& [b, t] : points)
     std::printf("#   %10zu B: measured %10.2f us, alpha + beta*bytes %10.2f us\n", b, t * 1e6, (alpha + beta * double(b)) * 1e6);
-  const std::string path = collx::model::calibration_file(kind);
+  const std::string path = collx::model::calibration_file(kind, cfg.ranks);
   const std::string err = collx::model::write_calibration(
       path, kind, p, cfg.ranks, "(collx-perf --calibrate --transport " + cfg.transport + " -np " + std::to_string(cfg.ranks) + ")");
   if (!err.empty()) {
     std::fprintf(stderr, "collx-perf: %s\n", err.c_str());
     return 3;
   }
-  std::printf("wrote %s (algo::automatic reads it for transport %s)\n", path.c_str(), kind.c_str());
+  std::printf("wrote %s (algo::automatic reads it for transport %s, %d ranks)\n", path.c_str(), kind.c_str(), cfg.ranks);
   return 0;
 }
 

@@ -176,6 +176,24 @@ TEST_CASE("the model's choice follows from α, β, γ", "[model]") {
         model::choice::ring);
   // all_to_all has one policy.
   CHECK(model::best({collective::all_to_all, 5, 1000}, p) == model::choice::pairwise);
+  // Ranks sharing cores: a calibration of 8 ranks on 2 cores charges a step in which all 8 are
+  // busy in full and one with 2 active ranks a quarter; with ranks that fit the cores, no change.
+  {
+    model::params shared = p;
+    shared.cores = 2;
+    shared.ranks = 8;
+    const model::cost ring8 = model::analyse(model::choice::ring, {collective::all_reduce, 8, 4096});
+    CHECK(model::predict(ring8, shared) == Approx(model::predict(ring8, p)));  // every step has all 8
+    const model::cost bc = model::analyse(model::choice::tree, {collective::broadcast, 8, 4096});
+    REQUIRE(bc.per_step.size() == 3);
+    CHECK(bc.per_step[0].active == 2);  // root -> 4
+    CHECK(bc.per_step[1].active == 4);
+    CHECK(bc.per_step[2].active == 8);
+    const double step = p.alpha + p.beta * 16384;
+    CHECK(model::predict(bc, shared) == Approx(step * (0.25 + 0.5 + 1.0)));
+    shared.cores = 8;
+    CHECK(model::predict(bc, shared) == Approx(model::predict(bc, p)));
+  }
   // predict() is α·steps + β·bytes + γ·reduced.
   const model::cost c = model::analyse(model::choice::ring, {collective::all_reduce, 4, 4096});
   CHECK(model::predict(c, p) == Approx(1e-6 * 6 + 1e-10 * double(c.bytes) + 5e-11 * double(c.reduced)));
@@ -206,29 +224,38 @@ std::string temp_dir() {
 TEST_CASE("calibration files: written, read back, and used only when sound", "[model][calibration]") {
   const std::string dir = temp_dir();
   const scoped_env xdg("XDG_CACHE_HOME", dir);
-  const std::string path = model::calibration_file("shm");
-  CHECK(path == dir + "/collx/calibration-shm.txt");
+  const std::string path = model::calibration_file("shm", 2);
+  CHECK(path == dir + "/collx/calibration-shm-np2.txt");
   // No file yet: the shipped defaults, saying so and how to calibrate.
-  model::params p = model::params_for("shm");
+  model::params p = model::params_for("shm", 2);
   CHECK(p.alpha == model::shipped_defaults("shm").alpha);
   CHECK(p.source.find("shipped defaults for shm") != std::string::npos);
   CHECK(p.source.find("collx-perf --calibrate --transport shm") != std::string::npos);
   // Written (the directory is created) and read back.
-  CHECK(model::write_calibration(path, "shm", {1.5e-6, 2.5e-10, 3.5e-11, {}}, 2) == "");
-  p = model::params_for("shm");
+  CHECK(model::write_calibration(path, "shm", {1.5e-6, 2.5e-10, 3.5e-11, {}, 2, 4}, 4) == "");
+  p = model::params_for("shm", 2);
+  CHECK(p.cores == 2);
+  CHECK(p.ranks == 4);
   CHECK(p.alpha == Approx(1.5e-6));
   CHECK(p.beta == Approx(2.5e-10));
   CHECK(p.gamma == Approx(3.5e-11));
   CHECK(p.source.rfind("calibrated: " + path, 0) == 0);
+  // Other rank counts use the nearest calibrated one, and say so.
+  CHECK(model::write_calibration(model::calibration_file("shm", 8), "shm", {9e-6, 2.5e-10, 3.5e-11, {}}, 8) == "");
+  CHECK(model::params_for("shm", 8).alpha == Approx(9e-6));
+  CHECK(model::params_for("shm", 3).alpha == Approx(1.5e-6));  // 2 is nearer than 8
+  CHECK(model::params_for("shm", 6).alpha == Approx(9e-6));
+  CHECK(model::params_for("shm", 6).source.find("measured with 8 ranks (none for 6)") != std::string::npos);
+  std::filesystem::remove(model::calibration_file("shm", 8));
   // Another transport's file is another file.
-  CHECK(model::params_for("tcp").source.find("shipped defaults for tcp") != std::string::npos);
+  CHECK(model::params_for("tcp", 2).source.find("shipped defaults for tcp") != std::string::npos);
   // A value that is not a number, or a missing key: not used, and the source says why.
   {
     std::FILE* f = std::fopen(path.c_str(), "w");
     std::fputs("alpha 1e-6\nbeta fast\ngamma 1e-11\n", f);
     std::fclose(f);
   }
-  p = model::params_for("shm");
+  p = model::params_for("shm", 2);
   CHECK(p.source.find("shipped defaults") != std::string::npos);
   CHECK(p.source.find("beta 'fast'") != std::string::npos);
   {
@@ -236,7 +263,7 @@ TEST_CASE("calibration files: written, read back, and used only when sound", "[m
     std::fputs("# comment\nalpha 1e-6  # trailing\ngamma 1e-11\n", f);
     std::fclose(f);
   }
-  CHECK(model::params_for("shm").source.find("lacks beta") != std::string::npos);
+  CHECK(model::params_for("shm", 2).source.find("lacks beta") != std::string::npos);
   std::filesystem::remove_all(dir);
 }
 
@@ -334,7 +361,7 @@ TEST_CASE("automatic: every rank takes rank 0's parameters", "[model][automatic]
   // cannot have its own file, so check the agreed state instead.
   const std::string dir = temp_dir();
   const scoped_env xdg("XDG_CACHE_HOME", dir);
-  REQUIRE(model::write_calibration(model::calibration_file("inproc"), "inproc", {3e-6, 4e-10, 5e-11, {}}, 2) == "");
+  REQUIRE(model::write_calibration(model::calibration_file("inproc", 5), "inproc", {3e-6, 4e-10, 5e-11, {}}, 2) == "");
   std::atomic<int> agreed{0};
   collx::launch_threads(5, [&](auto& comm) {
     std::vector<double> v(10, 1.0);

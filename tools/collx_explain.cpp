@@ -471,9 +471,17 @@ bool print_policy(const Algo& a, const config& cfg) {
   const model::params& p = cfg.params;
   std::printf("   model: critical path %d steps, %s moved, %s reduced\n", cost.steps, human(double(cost.bytes)).c_str(),
               human(double(cost.reduced)).c_str());
+  model::params flat = p;
+  flat.cores = 0;
   std::printf("   predicted: %.3g x %d + %.3g x %llu + %.3g x %llu = %s\n", p.alpha, cost.steps, p.beta,
               (unsigned long long)cost.bytes, p.gamma, (unsigned long long)cost.reduced,
-              human_time(model::predict(cost, p)).c_str());
+              human_time(model::predict(cost, flat)).c_str());
+  if (model::predict(cost, p) != model::predict(cost, flat)) {
+    std::uint32_t lo = UINT32_MAX, hi = 0;
+    for (const auto& st : cost.per_step) lo = std::min(lo, st.active), hi = std::max(hi, st.active);
+    std::printf("   sharing cores: steps with %u..%u active ranks, each charged max(1, a/%d)/(%d/%d) of a full step: %s\n", lo,
+                hi, p.cores, p.ranks, p.cores, human_time(model::predict(cost, p)).c_str());
+  }
 
   return problem.empty();
 }
@@ -498,14 +506,34 @@ std::optional<std::size_t> parse_size(std::string_view s) {  // 64K, 1M, 64MiB, 
   return std::size_t(v) * mult;
 }
 
-/// The policies to show: --policy, or every one that has the collective.
+/// Whether --policy (a comma-separated list; empty: all) names p.
+bool selected(const config& cfg, model::choice p) {
+  if (cfg.policy.empty()) return true;
+  const std::string list = "," + cfg.policy + ",";
+  return list.find("," + std::string(model::name(p)) + ",") != std::string::npos;
+}
+
+/// The policies to show: those --policy names, or every one that has the collective.
 std::vector<model::choice> shown(const config& cfg) {
   std::vector<model::choice> v;
-  for (model::choice p : model::all_policies) {
-    if (!cfg.policy.empty() && cfg.policy != model::name(p)) continue;
-    if (model::supports(p, cfg.c, true)) v.push_back(p);
-  }
+  for (model::choice p : model::all_policies)
+    if (selected(cfg, p) && model::supports(p, cfg.c, true)) v.push_back(p);
   return v;
+}
+
+/// The candidates the model weighs for this call, restricted to --policy.
+std::vector<model::candidate> candidates(const config& cfg, const model::problem& pr) {
+  std::vector<model::candidate> v;
+  for (auto& c : model::evaluate(pr, cfg.params))
+    if (selected(cfg, c.policy)) v.push_back(std::move(c));
+  return v;
+}
+
+/// The least predicted time among the candidates (automatic's pick when --policy is not given).
+model::choice best_of(const config& cfg, const model::problem& pr) {
+  const auto v = candidates(cfg, pr);
+  if (v.empty()) return model::best(pr, cfg.params);
+  return std::min_element(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.seconds < b.seconds; })->policy;
 }
 
 /// nccl-tests' bus bandwidth factor of a collective.
@@ -521,7 +549,7 @@ double bus_factor(coll c, int n) {
 std::vector<std::pair<std::size_t, model::choice>> crossovers(const config& cfg, std::size_t lo, std::size_t hi) {
   const std::size_t unit = elem * (model::problem::split(cfg.c) ? std::size_t(cfg.n) : 1);
   auto best = [&](std::size_t b) {
-    return model::best(model::problem::of_bytes(cfg.c, cfg.n, b, elem, cfg.root, cfg.commutative), cfg.params);
+    return best_of(cfg, model::problem::of_bytes(cfg.c, cfg.n, b, elem, cfg.root, cfg.commutative));
   };
   std::vector<std::pair<std::size_t, model::choice>> v;
   lo = std::max(lo, unit);
@@ -548,9 +576,9 @@ std::vector<std::pair<std::size_t, model::choice>> crossovers(const config& cfg,
 
 void print_summary(const config& cfg) {
   const model::problem pr = problem_of(cfg);
-  const auto cands = model::evaluate(pr, cfg.params);
+  const auto cands = candidates(cfg, pr);
   if (cands.empty() || cfg.n < 2) return;
-  const model::choice pick = model::best(pr, cfg.params);
+  const model::choice pick = model::best(pr, cfg.params), best = best_of(cfg, pr);
   std::printf("\n== the cost model: %s, N = %d, D = %s%s\n", model::name(cfg.c), cfg.n, human(double(pr.bytes())).c_str(),
               cfg.commutative ? "" : ", non-commutative op");
   std::printf("   time = alpha x steps + beta x bytes + gamma x reduced, on the critical path\n");
@@ -558,15 +586,18 @@ void print_summary(const config& cfg) {
               cfg.params.beta, cfg.params.beta > 0 ? 1e-9 / cfg.params.beta : 0.0, cfg.params.gamma,
               cfg.params.gamma > 0 ? 1e-9 / cfg.params.gamma : 0.0);
   std::printf("   from: %s\n", cfg.params.source.c_str());
+  if (cfg.params.cores > 0 && cfg.params.ranks > cfg.params.cores)
+    std::printf("   measured with %d ranks on %d cores: a step with a active ranks costs max(1, a/%d)/(%d/%d) of a full one\n",
+                cfg.params.ranks, cfg.params.cores, cfg.params.cores, cfg.params.ranks, cfg.params.cores);
   std::printf("   %-20s %7s %12s %12s %12s %10s\n", "policy", "steps", "bytes", "reduced", "predicted", "busbw");
   for (const auto& c : cands) {
     const double bw = c.seconds > 0 ? double(pr.bytes()) / c.seconds * bus_factor(cfg.c, cfg.n) / 1e9 : 0;
     std::printf("   %-20s %7d %12llu %12llu %12s %7.2f GB/s%s\n", model::name(c.policy), c.c.steps,
                 (unsigned long long)c.c.bytes, (unsigned long long)c.c.reduced, human_time(c.seconds).c_str(), bw,
-                c.policy == pick ? "   <- algo::automatic" : "");
+                c.policy == pick ? "   <- algo::automatic" : c.policy == best ? "   <- the best of these" : "");
   }
   const auto xs = crossovers(cfg, 8, std::size_t(1) << 30);
-  std::printf("   the best policy by size (8 B .. 1 GiB, this model):\n");
+  std::printf("   the best %s by size (8 B .. 1 GiB, this model):\n", cfg.policy.empty() ? "policy" : "of these");
   for (std::size_t i = 0; i < xs.size(); ++i) {
     const std::string to = i + 1 < xs.size() ? "below " + human(double(xs[i + 1].first)) : "and up";
     std::printf("     from %-12s %-14s %s\n", human(double(xs[i].first)).c_str(), to.c_str(), model::name(xs[i].second));
@@ -581,9 +612,8 @@ void print_csv(const config& cfg) {
   for (std::size_t b = cfg.csv_min; b <= cfg.csv_max; b *= 2) {
     const model::problem pr = model::problem::of_bytes(cfg.c, cfg.n, b, elem, cfg.root, cfg.commutative);
     if (pr.count == 0) continue;
-    const model::choice pick = model::best(pr, cfg.params);
-    for (const auto& c : model::evaluate(pr, cfg.params)) {
-      if (!cfg.policy.empty() && cfg.policy != model::name(c.policy)) continue;
+    const model::choice pick = best_of(cfg, pr);
+    for (const auto& c : candidates(cfg, pr)) {
       const double bw = double(pr.bytes()) / c.seconds * bus_factor(cfg.c, cfg.n) / 1e9;
       std::printf("%zu,%s,%.6g,%.6g,%d\n", pr.bytes(), model::name(c.policy), c.seconds * 1e6, bw, c.policy == pick);
     }
@@ -593,7 +623,8 @@ void print_csv(const config& cfg) {
 /// --dot: one policy's schedule as a Graphviz digraph: time runs left to right, one row per
 /// rank; an arrow per message, labelled with its size, red where the receiver reduces it.
 bool write_dot(const config& cfg) {
-  const model::choice p = cfg.policy.empty() ? model::best(problem_of(cfg), cfg.params) : *model::parse_policy(cfg.policy);
+  const auto sel = shown(cfg);
+  const model::choice p = cfg.policy.empty() || sel.empty() ? model::best(problem_of(cfg), cfg.params) : sel.front();
   const std::vector<schedule> all = model::schedules(p, problem_of(cfg));
   if (all.empty()) {
     std::fprintf(stderr, "collx-explain: %s has no %s schedule\n", model::name(p), model::name(cfg.c));
@@ -699,7 +730,8 @@ bool measure(const config& cfg) {
 int usage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s [COLLECTIVE] [-n N] [--bytes SIZE] [--root R] [--noncommutative] [--transport T]\n"
-               "                     [--policy P] [--steps K|all] [--dot FILE] [--measure] [--csv MIN MAX]\n"
+               "                     [--policy P,..] [--alpha S] [--beta S] [--gamma S] [--steps K|all]\n"
+               "                     [--dot FILE] [--measure] [--csv MIN MAX]\n"
                "  COLLECTIVE        all_reduce (default), reduce_scatter, all_gather, broadcast, reduce, all_to_all\n"
                "  -n N              ranks (default 4)\n"
                "  -b, --bytes SIZE  the largest buffer a rank passes (nccl-tests' size), e.g. 64K (default), 64MiB\n"
@@ -707,7 +739,9 @@ int usage(const char* argv0) {
                "  --noncommutative  the rank-order-preserving paths\n"
                "  --transport T     whose alpha, beta, gamma the model uses, and --measure runs over:\n"
                "                    threads, shm (default) or tcp\n"
-               "  --policy P        only this policy (ring, tree, recursive_halving, recursive_doubling, pairwise)\n"
+               "  --policy P[,P..]  only these policies (ring, tree, recursive_halving, recursive_doubling, pairwise);\n"
+               "                    the summary and crossovers then weigh only them\n"
+               "  --alpha S, --beta S, --gamma S   what-if model parameters (seconds per step, per byte, per byte reduced)\n"
                "  --steps K|all     schedule lines printed per policy (default 64)\n"
                "  --dot FILE        write one policy's schedule (--policy, else the model's pick) as Graphviz ('-': stdout)\n"
                "  --measure         also run each policy with collx-perf and print predicted and measured time\n"
@@ -732,6 +766,7 @@ std::string find_perf(const char* argv0) {
 int main(int argc, char** argv) {
   config cfg;
   bool bytes_given = false;
+  double alpha = -1, beta = -1, gamma = -1;  // --alpha/--beta/--gamma: what-if values
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
     auto value = [&]() -> std::string_view { return i + 1 < argc ? argv[++i] : ""; };
@@ -749,10 +784,21 @@ int main(int argc, char** argv) {
       if (cfg.transport != "inproc" && cfg.transport != "shm" && cfg.transport != "tcp") return usage(argv[0]);
     } else if (arg == "--policy") {
       cfg.policy = value();
-      if (!model::parse_policy(cfg.policy)) {
-        std::fprintf(stderr, "collx-explain: unknown policy '%s'\n", cfg.policy.c_str());
-        return 2;
+      for (std::size_t a = 0; a <= cfg.policy.size();) {
+        const std::size_t e = std::min(cfg.policy.find(',', a), cfg.policy.size());
+        const std::string one = cfg.policy.substr(a, e - a);
+        if (!model::parse_policy(one)) {
+          std::fprintf(stderr, "collx-explain: unknown policy '%s'\n", one.c_str());
+          return 2;
+        }
+        a = e + 1;
       }
+    } else if (arg == "--alpha" || arg == "--beta" || arg == "--gamma") {
+      char* end = nullptr;
+      const std::string v(value());
+      const double x = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end != 0 || !(x >= 0)) return usage(argv[0]);
+      (arg == "--alpha" ? alpha : arg == "--beta" ? beta : gamma) = x;
     } else if (arg == "--steps") {
       const std::string_view v = value();
       if (v == "all") cfg.steps = -1;
@@ -777,12 +823,18 @@ int main(int argc, char** argv) {
   }
   (void)bytes_given;
   if (cfg.n < 1 || cfg.n > 1024 || cfg.root < 0 || cfg.root >= cfg.n) return usage(argv[0]);
-  if (!cfg.policy.empty() && !model::supports(*model::parse_policy(cfg.policy), cfg.c, cfg.commutative)) {
+  if (!cfg.policy.empty() && shown(cfg).empty()) {
     std::fprintf(stderr, "collx-explain: %s has no %s schedule%s\n", cfg.policy.c_str(), model::name(cfg.c),
                  cfg.commutative ? "" : " for a non-commutative op");
     return 2;
   }
-  cfg.params = model::params_for(cfg.transport);
+  cfg.params = model::params_for(cfg.transport, cfg.n);
+  if (alpha >= 0 || beta >= 0 || gamma >= 0) {
+    if (alpha >= 0) cfg.params.alpha = alpha;
+    if (beta >= 0) cfg.params.beta = beta;
+    if (gamma >= 0) cfg.params.gamma = gamma;
+    cfg.params.source = "given on the command line" + std::string(alpha >= 0 && beta >= 0 && gamma >= 0 ? "" : ", the rest from " + cfg.params.source);
+  }
   cfg.perf = find_perf(argv[0]);
   if (cfg.csv) {
     print_csv(cfg);

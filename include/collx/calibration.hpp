@@ -3,14 +3,19 @@
 // measured on this machine by `collx-perf --calibrate --transport T` and kept in a small text
 // file in the user's cache directory, or the shipped defaults below, which say that they are.
 //
-//   $XDG_CACHE_HOME/collx/calibration-<transport>.txt   (else $HOME/.cache/collx/...)
+//   $XDG_CACHE_HOME/collx/calibration-<transport>-np<N>.txt   (else $HOME/.cache/collx/...)
+//
+// one file per transport and rank count, because ranks that share cores (8 ranks on 2 cores)
+// see steps several times slower than ranks that have a core each: a job of N ranks uses the
+// calibration for N, else the nearest calibrated rank count (below first), else the defaults.
 //
 //   # collx calibration (collx-perf --calibrate --transport shm -np 2)
 //   transport shm
 //   alpha 2.1e-07        seconds per step (an exchange of 8 bytes between two ranks)
 //   beta 7.3e-11         seconds per byte a rank sends and receives in one step
 //   gamma 1.2e-10        seconds per byte reduced (float sum)
-//   ranks 2
+//   ranks 2              the ranks it was measured with
+//   cores 2              the cores they shared (model.hpp: steps with fewer active ranks)
 //   date 2026-11-30T16:20:00Z
 //
 // Lines are "key value"; '#' starts a comment; unknown keys are ignored (newer files stay
@@ -38,9 +43,10 @@ inline std::string cache_dir() {
   return {};
 }
 
-inline std::string calibration_file(std::string_view transport) {
+inline std::string calibration_file(std::string_view transport, int ranks) {
   const std::string d = cache_dir();
-  return d.empty() ? std::string() : d + "/calibration-" + std::string(transport) + ".txt";
+  return d.empty() ? std::string()
+                   : d + "/calibration-" + std::string(transport) + "-np" + std::to_string(ranks) + ".txt";
 }
 
 /// Shipped defaults, measured on the development machine (2 cores, Debian 12, 2 ranks,
@@ -74,6 +80,11 @@ inline std::optional<params> read_calibration(const std::string& path, std::stri
     std::string key, value;
     if (!(in >> key >> value)) continue;
     if (key == "date") { date = value; continue; }
+    if (key == "cores" || key == "ranks") {
+      const long v = std::strtol(value.c_str(), nullptr, 10);
+      if (v >= 1 && v <= 1 << 20) (key == "cores" ? p.cores : p.ranks) = int(v);
+      continue;
+    }
     if (key != "alpha" && key != "beta" && key != "gamma") continue;
     char* end = nullptr;
     const double v = std::strtod(value.c_str(), &end);
@@ -102,21 +113,43 @@ inline std::string write_calibration(const std::string& path, std::string_view t
   std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
   std::fprintf(f, "# collx calibration%s%.*s\n", comment.empty() ? "" : " ", int(comment.size()), comment.data());
   std::fprintf(f, "transport %.*s\n", int(transport.size()), transport.data());
-  std::fprintf(f, "alpha %.6g\nbeta %.6g\ngamma %.6g\nranks %d\ndate %s\n", p.alpha, p.beta, p.gamma, ranks, date);
+  std::fprintf(f, "alpha %.6g\nbeta %.6g\ngamma %.6g\nranks %d\n", p.alpha, p.beta, p.gamma, ranks);
+  if (p.cores > 0) std::fprintf(f, "cores %d\n", p.cores);
+  std::fprintf(f, "date %s\n", date);
   const bool ok = std::fclose(f) == 0;
   if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) return "cannot write " + path;
   return {};
 }
 
-/// The parameters for `transport`: this machine's calibration when there is one, else the
-/// shipped defaults, with `source` saying which (and why no calibration was used).
-inline params params_for(std::string_view transport) {
+/// The parameters for `transport` with `ranks` ranks: this machine's calibration for that rank
+/// count, else for the nearest calibrated one (fewer ranks first), else the shipped defaults,
+/// with `source` saying which (and why no calibration was used).
+inline params params_for(std::string_view transport, int ranks) {
   std::string why;
-  if (auto p = read_calibration(calibration_file(transport), &why)) return *p;
-  params d = shipped_defaults(transport);
-  d.source += " (" + why + "; run `collx-perf --calibrate --transport " +
-              std::string(transport == "inproc" ? "threads" : transport) + "`)";
-  return d;
+  if (auto p = read_calibration(calibration_file(transport, ranks), &why)) return *p;
+  // The nearest other rank count calibrated for this transport (fewer ranks win ties).
+  int best = 0;
+  const std::string prefix = "calibration-" + std::string(transport) + "-np", dir = cache_dir();
+  std::error_code ec;
+  if (!dir.empty())
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+      const std::string f = e.path().filename().string();
+      if (f.rfind(prefix, 0) != 0 || f.size() < prefix.size() + 5 || f.substr(f.size() - 4) != ".txt") continue;
+      const std::string num = f.substr(prefix.size(), f.size() - 4 - prefix.size());
+      if (num.empty() || num.find_first_not_of("0123456789") != std::string::npos || num.size() > 5) continue;
+      const int r = std::stoi(num);
+      const auto dist = [&](int x) { return x > ranks ? 2 * (x - ranks) : 2 * (ranks - x) - 1; };
+      if (r >= 1 && (best == 0 || dist(r) < dist(best))) best = r;
+    }
+  if (best != 0)
+    if (auto p = read_calibration(calibration_file(transport, best))) {
+      p->source += ", measured with " + std::to_string(best) + " ranks (none for " + std::to_string(ranks) + ")";
+      return *p;
+    }
+  params p = shipped_defaults(transport);
+  p.source += " (" + why + "; run `collx-perf --calibrate --transport " +
+              std::string(transport == "inproc" ? "threads" : transport) + " -np " + std::to_string(ranks) + "`)";
+  return p;
 }
 
 }  // namespace collx::model

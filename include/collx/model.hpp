@@ -14,7 +14,14 @@
 // and predicts   time = α·steps + β·bytes + γ·reduced
 // with α the latency of one step, β the seconds per byte on a link and γ the seconds per byte
 // reduced, measured on this machine by `collx-perf --calibrate` (calibration.hpp), or shipped
-// defaults. The textbook costs come out of the walk (tests/test_model.cpp checks them): ring
+// defaults.
+//
+// Ranks that share cores. When the calibration was measured with R ranks on C cores, R > C (8
+// ranks on 2 cores), every rank was busy in every step, so α, β and γ include R/C-fold sharing.
+// A step in which only `a` ranks have messages (a binomial tree's first steps, one hop of a
+// chain) shares the cores less, so it is charged max(1, a/C) / max(1, R/C) of the full step:
+//   time = Σ over steps t of s(a_t) · (α + β·bytes_t + γ·reduced_t).
+// With ranks that fit the cores (or no calibration) s = 1 and this is the formula above. The textbook costs come out of the walk (tests/test_model.cpp checks them): ring
 // all-reduce 2(N-1) steps and 2(N-1)/N·D bytes; recursive halving 2·log2 N steps; the double
 // binary tree 2·ceil(log2 N) steps for one chunk.
 //
@@ -222,6 +229,11 @@ struct cost {
   std::uint64_t bytes = 0;    // Σ over steps of the most bytes one rank sends or receives in it
   std::uint64_t reduced = 0;  // Σ over steps of the most bytes one rank reduces in it
   std::vector<transport::traffic> ranks;  // per rank, what transport::counting records
+  struct step_cost {
+    std::uint32_t active = 0;  // ranks with a message in this step
+    std::uint64_t bytes = 0, reduced = 0;
+  };
+  std::vector<step_cost> per_step;  // along the timeline
 };
 
 /// Walks every rank's schedule (elements of `elem` bytes).
@@ -230,6 +242,7 @@ inline cost analyse(std::span<const schedule> all, std::size_t elem) {
   const int span = timeline(all);
   c.steps = span;
   std::vector<std::uint64_t> moved(std::size_t(span), 0), reduced(std::size_t(span), 0);
+  std::vector<std::uint32_t> active(std::size_t(span), 0);
   for (const schedule& s : all) {
     transport::traffic t;
     for (const step& st : s.steps()) {
@@ -249,6 +262,7 @@ inline cost analyse(std::span<const schedule> all, std::size_t elem) {
       t.bytes_sent += out;
       t.bytes_received += in;
       t.bytes_reduced += red;
+      ++active[std::size_t(st.time)];
       auto& m = moved[std::size_t(st.time)];
       m = std::max({m, out, in});
       reduced[std::size_t(st.time)] = std::max(reduced[std::size_t(st.time)], red);
@@ -258,6 +272,7 @@ inline cost analyse(std::span<const schedule> all, std::size_t elem) {
   for (int i = 0; i < span; ++i) {
     c.bytes += moved[std::size_t(i)];
     c.reduced += reduced[std::size_t(i)];
+    c.per_step.push_back({active[std::size_t(i)], moved[std::size_t(i)], reduced[std::size_t(i)]});
   }
   return c;
 }
@@ -268,10 +283,23 @@ inline cost analyse(choice p, const problem& pr) { return analyse(schedules(p, p
 struct params {
   double alpha = 0, beta = 0, gamma = 0;
   std::string source;  // "calibrated <file> (<date>)", "shipped defaults for <transport>", ...
+  int cores = 0;       // the cores the calibration's ranks shared (0: not known, no sharing)
+  int ranks = 0;       // the ranks it was measured with
 };
 
+/// The share of a fully busy step that a step with `active` ranks costs (see the top).
+inline double sharing(const params& p, std::uint32_t active) {
+  if (p.cores <= 0 || p.ranks <= p.cores) return 1.0;
+  return std::max(1.0, double(active) / p.cores) / (double(p.ranks) / p.cores);
+}
+
 inline double predict(const cost& c, const params& p) {
-  return p.alpha * double(c.steps) + p.beta * double(c.bytes) + p.gamma * double(c.reduced);
+  if (p.cores <= 0 || p.ranks <= p.cores || c.per_step.empty())
+    return p.alpha * double(c.steps) + p.beta * double(c.bytes) + p.gamma * double(c.reduced);
+  double t = 0;
+  for (const auto& s : c.per_step)
+    t += sharing(p, s.active) * (p.alpha + p.beta * double(s.bytes) + p.gamma * double(s.reduced));
+  return t;
 }
 
 struct candidate {

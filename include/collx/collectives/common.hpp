@@ -122,16 +122,19 @@ void automatic_setup(communicator<T>& comm) {
   if (st.ready) return;
   struct blob {
     double alpha, beta, gamma;
+    std::int32_t cores, ranks;
     std::int8_t per[6];
     std::int8_t all;
     char source[256];
   } b{};
   const char* env = std::getenv("COLLX_ALGO");
   const algo_override o = parse_algo_override(env != nullptr ? env : "");
-  const model::params p = model::params_for(transport_kind(comm.transport()));
+  const model::params p = model::params_for(transport_kind(comm.transport()), comm.size());
   b.alpha = p.alpha;
   b.beta = p.beta;
   b.gamma = p.gamma;
+  b.cores = p.cores;
+  b.ranks = p.ranks;
   std::copy(o.per.begin(), o.per.end(), b.per);
   b.all = o.all;
   std::snprintf(b.source, sizeof b.source, "%s", p.source.c_str());
@@ -144,6 +147,8 @@ void automatic_setup(communicator<T>& comm) {
   st.alpha = b.alpha;
   st.beta = b.beta;
   st.gamma = b.gamma;
+  st.cores = b.cores;
+  st.ranks = b.ranks;
   std::copy(std::begin(b.per), std::end(b.per), st.forced.begin());
   st.forced_all = b.all;
   st.source = std::string(b.source, strnlen(b.source, sizeof b.source));
@@ -175,7 +180,9 @@ algo::choice automatic_choice(communicator<T>& comm, algo::collective c, std::si
     const auto& d = st.decisions[(st.next + st.decisions.size() - 1 - i) % st.decisions.size()];  // newest first
     if (d.policy >= 0 && d.key == key) return algo::choice(d.policy);
   }
-  const model::params p{st.alpha, st.beta, st.gamma, {}};
+  model::params p{st.alpha, st.beta, st.gamma, {}};
+  p.cores = st.cores;
+  p.ranks = st.ranks;
   const algo::choice best = model::best({c, n, count, elem, 0, commutative}, p);
   st.decisions[st.next++ % st.decisions.size()] = {key, std::int8_t(best)};
   return best;
