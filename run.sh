@@ -34,7 +34,9 @@ case "${1:-}" in
   demo)
     need "${base_pkgs[@]}"
     configure build-demo -DCMAKE_BUILD_TYPE=Release -DCOLLX_BUILD_TESTS=OFF -DCOLLX_BUILD_EXAMPLES=OFF
-    cmake --build build-demo -j "$jobs" --target collx-perf
+    cmake --build build-demo -j "$jobs" --target collx-perf collx-explain
+    # what each policy does and costs, and the one algo::automatic picks (the cost model)
+    ./build-demo/tools/collx-explain all_reduce -n 8 --bytes 64MiB --transport threads --steps 0
     ./build-demo/bench/collx-perf --demo                    # ranks as threads
     ./build-demo/bench/collx-perf --demo --transport shm    # ranks as processes over shared memory
     ./build-demo/bench/collx-perf --demo --transport tcp    # ranks as processes over TCP sockets
@@ -52,7 +54,7 @@ case "${1:-}" in
     ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir build-asan -j "$jobs" --output-on-failure
     echo "== ThreadSanitizer: the thread transport's tests"
     configure build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCOLLX_SANITIZE=thread \
-      -DCOLLX_BUILD_BENCH=OFF -DCOLLX_BUILD_EXAMPLES=OFF
+      -DCOLLX_BUILD_BENCH=OFF -DCOLLX_BUILD_EXAMPLES=OFF -DCOLLX_BUILD_TOOLS=OFF
     cmake --build build-tsan -j "$jobs"
     TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan -j "$jobs" --output-on-failure
     echo "== libFuzzer: tcp's wire format and rendezvous store, ${COLLX_FUZZ_SECONDS:-30} s each"

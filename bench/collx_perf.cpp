@@ -597,21 +597,25 @@ void run(const config& cfg, totals& tot) {
 }
 
 // ---- calibration (--calibrate) --------------------------------------------------------------
-// The model (collx/model.hpp) charges α per step, β per byte a rank sends and receives in a step
-// and γ per byte reduced. So calibration times exactly that unit: one step in which ranks
-// exchange `bytes` with a partner (r xor 1; with -np > 2 the other pairs exchange at the same
-// time, so a crowded machine is measured crowded), run through the same executor and transport
-// as the collectives; and the host's reduction loop for γ.
-//   α = the time of an 8-byte step;
-//   β = the median over 64 KiB, 1 MiB and 16 MiB of (time - α) / bytes;
+// The model (collx/model.hpp) charges α per step, β per byte a rank sends (or receives) in a
+// step, δ·β per byte of its smaller direction when it does both, and γ per byte reduced. So
+// calibration times exactly those units, through the same executor and transport as the
+// collectives, with ranks in pairs (r, r xor 1; with -np > 2 the other pairs work at the same
+// time, so a crowded machine is measured crowded):
+//   one-way steps: the pair's lower rank sends `bytes` to the higher, then the other way, ...;
+//   exchange steps: both send `bytes` to each other at once;
+// and the host's reduction loop for γ.
+//   α = the time of an 8-byte one-way step;
+//   β = the median over 64 KiB, 1 MiB and 16 MiB of (one-way time - α) / bytes;
+//   δ = the median over the same sizes of (exchange time - α) / (β·bytes) - 1, in [0, 1];
 //   γ = seconds per byte of `dst = a + b` over 64 KiB of float (an operand's bytes, as the model
 //       counts reduced bytes), through collx's own reduction loop, on every rank at once: the transports reduce a
 //       message chunk by chunk as it arrives (shm's 64 KiB slots, tcp's 64 KiB bounce buffer),
 //       on data that is in cache.
 // Each figure is the median of 5 batches.
 
-/// Seconds per exchange step of `bytes`, measured on rank 0 (median of `batches` batches).
-double time_step(const config& cfg, std::size_t bytes, int iters, int batches) {
+/// Seconds per step of `bytes`, one-way or exchange, measured on rank 0 (median of `batches`).
+double time_step(const config& cfg, std::size_t bytes, int iters, int batches, bool exchange) {
   report& rep = shared_report();
   std::vector<double> got;
   for (int b = 0; b < batches; ++b) {
@@ -619,22 +623,26 @@ double time_step(const config& cfg, std::size_t bytes, int iters, int batches) {
     launch(cfg.ranks, [&](comm_t& comm) {
       const int r = comm.rank(), peer = r ^ 1;
       std::vector<std::uint8_t> in(bytes, std::uint8_t(r)), out(bytes);
-      collx::schedule st;
-      if (peer < comm.size()) {
-        st.send(peer, {collx::buf::in, 0, bytes});
-        st.recv(peer, {collx::buf::out, 0, bytes});
-      }
+      collx::schedule st[2];  // [0]: even steps, [1]: odd steps
+      if (peer < comm.size())
+        for (int k = 0; k < 2; ++k) {
+          const bool sends = exchange || (k == 0) == (r < peer), receives = exchange || !sends;
+          if (sends) st[k].send(peer, {collx::buf::in, 0, bytes});
+          if (receives) st[k].recv(peer, {collx::buf::out, 0, bytes});
+        }
+      int parity = 0;
       auto step = [&] {
-        auto call = collx::detail::make_call<std::uint8_t, collx::no_op>(comm, "calibrate", "exchange", bytes);
-        collx::detail::execute(comm, call, st, in.data(), out.data(), collx::no_op{});
+        auto call = collx::detail::make_call<std::uint8_t, collx::no_op>(comm, "calibrate", exchange ? "exchange" : "one-way", bytes);
+        collx::detail::execute(comm, call, st[parity], in.data(), out.data(), collx::no_op{});
+        parity ^= 1;
       };
-      for (int i = 0; i < std::max(2, iters / 10); ++i) step();
+      for (int i = 0; i < std::max(2, iters / 10) * 2; ++i) step();  // an even count: parity stays in step
       collx::barrier(comm);
       const auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < iters; ++i) step();
+      for (int i = 0; i < iters * 2; ++i) step();
       collx::barrier(comm);
       const auto t1 = std::chrono::steady_clock::now();
-      if (r == 0) shared_report().us = std::chrono::duration<double, std::micro>(t1 - t0).count() / iters;
+      if (r == 0) shared_report().us = std::chrono::duration<double, std::micro>(t1 - t0).count() / (iters * 2);
       if (peer < comm.size() && out[bytes / 2] != std::uint8_t(peer))
         throw std::runtime_error("calibration: the exchanged bytes are wrong");
     });
@@ -678,30 +686,41 @@ int calibrate(const config& cfg) {
   std::printf("# collx-perf --calibrate: the cost model's alpha, beta, gamma for transport %s, %d ranks (%s)\n",
               kind.c_str(), cfg.ranks, transport_words(cfg.transport));
   std::fflush(stdout);
-  const double alpha = time_step(cfg, 8, 2000, 5);
-  std::printf("#   step of 8 B: %.3f us  -> alpha\n", alpha * 1e6);
-  std::vector<double> per_byte;
-  std::vector<std::pair<std::size_t, double>> points{{8, alpha}};
+  const double alpha = time_step(cfg, 8, 2000, 5, false);
+  std::printf("#   one-way step of 8 B: %.3f us  -> alpha\n", alpha * 1e6);
+  std::vector<double> per_byte, dup;
+  std::vector<std::pair<std::size_t, double>> points{{8, alpha}}, xpoints;
   for (std::size_t b : {std::size_t(64) << 10, std::size_t(1) << 20, std::size_t(16) << 20}) {
     const int iters = b <= (std::size_t(64) << 10) ? 500 : b <= (std::size_t(1) << 20) ? 50 : 5;
-    const double t = time_step(cfg, b, iters, 5);
+    const double t = time_step(cfg, b, iters, 5, false), tx = time_step(cfg, b, iters, 5, true);
     points.push_back({b, t});
-    per_byte.push_back(std::max(0.0, t - alpha) / double(b));
-    std::printf("#   step of %zu B: %.2f us, %.2f GB/s each way\n", b, t * 1e6, double(b) / t / 1e9);
+    xpoints.push_back({b, tx});
+    const double pb = std::max(0.0, t - alpha) / double(b);
+    per_byte.push_back(pb);
+    dup.push_back(pb > 0 ? (tx - alpha) / (pb * double(b)) - 1.0 : 0.0);
+    std::printf("#   %zu B: one-way step %.2f us (%.2f GB/s), exchange step %.2f us (%.2f GB/s each way)\n", b, t * 1e6,
+                double(b) / t / 1e9, tx * 1e6, double(b) / tx / 1e9);
     std::fflush(stdout);
   }
   std::sort(per_byte.begin(), per_byte.end());
+  std::sort(dup.begin(), dup.end());
   const double beta = per_byte[per_byte.size() / 2];
+  const double delta = std::clamp(dup[dup.size() / 2], 0.0, 1.0);
   const double gamma = time_reduction(cfg);
   std::printf("#   float sum over 64 KiB: %.2f GB/s of operand  -> gamma\n", 1e-9 / gamma);
   collx::model::params p{alpha, beta, gamma, {}};
   p.cores = collx::detail::usable_cores();
   p.ranks = cfg.ranks;
-  std::printf("alpha %.4g s   beta %.4g s/B (%.2f GB/s)   gamma %.4g s/B (%.2f GB/s)\n", alpha, beta, 1e-9 / beta, gamma,
-              1e-9 / gamma);
-  std::printf("# the model's line through them, against each measured step:\n");
+  p.delta = delta;
+  std::printf("alpha %.4g s   beta %.4g s/B (%.2f GB/s)   gamma %.4g s/B (%.2f GB/s)   delta %.2f\n", alpha, beta,
+              1e-9 / beta, gamma, 1e-9 / gamma, delta);
+  std::printf("# the model's lines through them, against each measured step:\n");
   for (const auto& [b, t] : points)
-    std::printf("#   %10zu B: measured %10.2f us, alpha + beta*bytes %10.2f us\n", b, t * 1e6, (alpha + beta * double(b)) * 1e6);
+    std::printf("#   one-way %10zu B: measured %10.2f us, alpha + beta*bytes %10.2f us\n", b, t * 1e6,
+                (alpha + beta * double(b)) * 1e6);
+  for (const auto& [b, t] : xpoints)
+    std::printf("#   exchange %9zu B: measured %10.2f us, alpha + beta*(1+delta)*bytes %10.2f us\n", b, t * 1e6,
+                (alpha + beta * (1 + delta) * double(b)) * 1e6);
   const std::string path = collx::model::calibration_file(kind, cfg.ranks);
   const std::string err = collx::model::write_calibration(
       path, kind, p, cfg.ranks, "(collx-perf --calibrate --transport " + cfg.transport + " -np " + std::to_string(cfg.ranks) + ")");

@@ -469,12 +469,12 @@ bool print_policy(const Algo& a, const config& cfg) {
               : std::abs(diff) <= double(2 * n * int(elem)) ? " (matches up to partition rounding)"
                                                            : " (differs)");
   const model::params& p = cfg.params;
-  std::printf("   model: critical path %d steps, %s moved, %s reduced\n", cost.steps, human(double(cost.bytes)).c_str(),
-              human(double(cost.reduced)).c_str());
+  std::printf("   model: critical path %d steps, %s moved (%s of it while also receiving), %s reduced\n", cost.steps,
+              human(double(cost.bytes)).c_str(), human(double(cost.both)).c_str(), human(double(cost.reduced)).c_str());
   model::params flat = p;
   flat.cores = 0;
-  std::printf("   predicted: %.3g x %d + %.3g x %llu + %.3g x %llu = %s\n", p.alpha, cost.steps, p.beta,
-              (unsigned long long)cost.bytes, p.gamma, (unsigned long long)cost.reduced,
+  std::printf("   predicted: alpha x %d + beta x (%llu + %.2f x %llu) + gamma x %llu = %s\n", cost.steps,
+              (unsigned long long)cost.bytes, p.delta, (unsigned long long)cost.both, (unsigned long long)cost.reduced,
               human_time(model::predict(cost, flat)).c_str());
   if (model::predict(cost, p) != model::predict(cost, flat)) {
     std::uint32_t lo = UINT32_MAX, hi = 0;
@@ -581,10 +581,10 @@ void print_summary(const config& cfg) {
   const model::choice pick = model::best(pr, cfg.params), best = best_of(cfg, pr);
   std::printf("\n== the cost model: %s, N = %d, D = %s%s\n", model::name(cfg.c), cfg.n, human(double(pr.bytes())).c_str(),
               cfg.commutative ? "" : ", non-commutative op");
-  std::printf("   time = alpha x steps + beta x bytes + gamma x reduced, on the critical path\n");
-  std::printf("   alpha %.3g s/step, beta %.3g s/B (%.2f GB/s), gamma %.3g s/B (%.2f GB/s)\n", cfg.params.alpha,
+  std::printf("   time = alpha x steps + beta x (bytes + delta x both) + gamma x reduced, on the critical path\n");
+  std::printf("   alpha %.3g s/step, beta %.3g s/B (%.2f GB/s), gamma %.3g s/B (%.2f GB/s), delta %.2f\n", cfg.params.alpha,
               cfg.params.beta, cfg.params.beta > 0 ? 1e-9 / cfg.params.beta : 0.0, cfg.params.gamma,
-              cfg.params.gamma > 0 ? 1e-9 / cfg.params.gamma : 0.0);
+              cfg.params.gamma > 0 ? 1e-9 / cfg.params.gamma : 0.0, cfg.params.delta);
   std::printf("   from: %s\n", cfg.params.source.c_str());
   if (cfg.params.cores > 0 && cfg.params.ranks > cfg.params.cores)
     std::printf("   measured with %d ranks on %d cores: a step with a active ranks costs max(1, a/%d)/(%d/%d) of a full one\n",
@@ -741,7 +741,8 @@ int usage(const char* argv0) {
                "                    threads, shm (default) or tcp\n"
                "  --policy P[,P..]  only these policies (ring, tree, recursive_halving, recursive_doubling, pairwise);\n"
                "                    the summary and crossovers then weigh only them\n"
-               "  --alpha S, --beta S, --gamma S   what-if model parameters (seconds per step, per byte, per byte reduced)\n"
+               "  --alpha S, --beta S, --gamma S, --delta D   what-if model parameters (seconds per step, per byte,\n"
+               "                    per byte reduced; delta in [0, 1]: 0 full duplex, 1 an exchange costs two messages)\n"
                "  --steps K|all     schedule lines printed per policy (default 64)\n"
                "  --dot FILE        write one policy's schedule (--policy, else the model's pick) as Graphviz ('-': stdout)\n"
                "  --measure         also run each policy with collx-perf and print predicted and measured time\n"
@@ -766,7 +767,7 @@ std::string find_perf(const char* argv0) {
 int main(int argc, char** argv) {
   config cfg;
   bool bytes_given = false;
-  double alpha = -1, beta = -1, gamma = -1;  // --alpha/--beta/--gamma: what-if values
+  double alpha = -1, beta = -1, gamma = -1, delta = -1;  // --alpha/--beta/--gamma/--delta: what-if values
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
     auto value = [&]() -> std::string_view { return i + 1 < argc ? argv[++i] : ""; };
@@ -793,12 +794,12 @@ int main(int argc, char** argv) {
         }
         a = e + 1;
       }
-    } else if (arg == "--alpha" || arg == "--beta" || arg == "--gamma") {
+    } else if (arg == "--alpha" || arg == "--beta" || arg == "--gamma" || arg == "--delta") {
       char* end = nullptr;
       const std::string v(value());
       const double x = std::strtod(v.c_str(), &end);
-      if (v.empty() || *end != 0 || !(x >= 0)) return usage(argv[0]);
-      (arg == "--alpha" ? alpha : arg == "--beta" ? beta : gamma) = x;
+      if (v.empty() || *end != 0 || !(x >= 0) || (arg == "--delta" && x > 1)) return usage(argv[0]);
+      (arg == "--alpha" ? alpha : arg == "--beta" ? beta : arg == "--gamma" ? gamma : delta) = x;
     } else if (arg == "--steps") {
       const std::string_view v = value();
       if (v == "all") cfg.steps = -1;
@@ -829,11 +830,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   cfg.params = model::params_for(cfg.transport, cfg.n);
-  if (alpha >= 0 || beta >= 0 || gamma >= 0) {
+  if (alpha >= 0 || beta >= 0 || gamma >= 0 || delta >= 0) {
     if (alpha >= 0) cfg.params.alpha = alpha;
     if (beta >= 0) cfg.params.beta = beta;
     if (gamma >= 0) cfg.params.gamma = gamma;
-    cfg.params.source = "given on the command line" + std::string(alpha >= 0 && beta >= 0 && gamma >= 0 ? "" : ", the rest from " + cfg.params.source);
+    if (delta >= 0) cfg.params.delta = delta;
+    cfg.params.source = "given on the command line" +
+                        std::string(alpha >= 0 && beta >= 0 && gamma >= 0 && delta >= 0 ? "" : ", the rest from " + cfg.params.source);
   }
   cfg.perf = find_perf(argv[0]);
   if (cfg.csv) {

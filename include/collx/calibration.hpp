@@ -11,9 +11,11 @@
 //
 //   # collx calibration (collx-perf --calibrate --transport shm -np 2)
 //   transport shm
-//   alpha 2.1e-07        seconds per step (an exchange of 8 bytes between two ranks)
-//   beta 7.3e-11         seconds per byte a rank sends and receives in one step
+//   alpha 2.1e-07        seconds per step (an 8-byte message between two ranks)
+//   beta 7.3e-11         seconds per byte a rank sends (or receives) in one step
 //   gamma 1.2e-10        seconds per byte reduced (float sum)
+//   delta 0.9            what receiving while sending adds (0: full duplex; 1: an exchange
+//                        costs twice a one-way message)
 //   ranks 2              the ranks it was measured with
 //   cores 2              the cores they shared (model.hpp: steps with fewer active ranks)
 //   date 2026-11-30T16:20:00Z
@@ -85,6 +87,14 @@ inline std::optional<params> read_calibration(const std::string& path, std::stri
       if (v >= 1 && v <= 1 << 20) (key == "cores" ? p.cores : p.ranks) = int(v);
       continue;
     }
+    if (key == "delta") {
+      char* end = nullptr;
+      const double v = std::strtod(value.c_str(), &end);
+      if (end == value.c_str() || *end != 0 || !(v >= 0 && v <= 1))
+        return fail(path + ": delta '" + value + "' is not a number in [0, 1]");
+      p.delta = v;
+      continue;
+    }
     if (key != "alpha" && key != "beta" && key != "gamma") continue;
     char* end = nullptr;
     const double v = std::strtod(value.c_str(), &end);
@@ -113,7 +123,7 @@ inline std::string write_calibration(const std::string& path, std::string_view t
   std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
   std::fprintf(f, "# collx calibration%s%.*s\n", comment.empty() ? "" : " ", int(comment.size()), comment.data());
   std::fprintf(f, "transport %.*s\n", int(transport.size()), transport.data());
-  std::fprintf(f, "alpha %.6g\nbeta %.6g\ngamma %.6g\nranks %d\n", p.alpha, p.beta, p.gamma, ranks);
+  std::fprintf(f, "alpha %.6g\nbeta %.6g\ngamma %.6g\ndelta %.4g\nranks %d\n", p.alpha, p.beta, p.gamma, p.delta, ranks);
   if (p.cores > 0) std::fprintf(f, "cores %d\n", p.cores);
   std::fprintf(f, "date %s\n", date);
   const bool ok = std::fclose(f) == 0;

@@ -81,7 +81,7 @@ class communicator {
   /// decides alike), and the last decisions.
   struct automatic_state {
     bool ready = false;
-    double alpha = 0, beta = 0, gamma = 0;
+    double alpha = 0, beta = 0, gamma = 0, delta = 0;
     int cores = 0, ranks = 0;  // model::params' sharing of cores
     std::string source;
     std::array<std::int8_t, 6> forced{-1, -1, -1, -1, -1, -1};  // per algo::collective: a choice, or -1

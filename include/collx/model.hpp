@@ -8,20 +8,27 @@
 //     reduced: exactly what transport::counting records when the collective runs;
 //   - on the critical path, the global timeline (steps of all ranks with equal time run together):
 //       steps    the timeline's length,
-//       bytes    Σ over steps of the most bytes one rank sends or receives in that step (links
-//                are full duplex; a rank sending to two peers in one step pays for both),
+//       bytes    Σ over steps of the most bytes one rank sends or receives in that step (a rank
+//                sending to two peers in one step pays for both),
+//       both     Σ over steps of the most bytes one rank receives while it also sends (the
+//                smaller of its two directions), for links that are not full duplex (below),
 //       reduced  Σ over steps of the most bytes one rank reduces in that step.
-// and predicts   time = α·steps + β·bytes + γ·reduced
-// with α the latency of one step, β the seconds per byte on a link and γ the seconds per byte
-// reduced, measured on this machine by `collx-perf --calibrate` (calibration.hpp), or shipped
-// defaults.
+// and predicts   time = α·steps + β·(bytes + δ·both) + γ·reduced
+// with α the latency of one step, β the seconds per byte on a link, γ the seconds per byte
+// reduced, and δ how much a rank's receiving slows its sending: 0 for a full-duplex link (a NIC
+// sends and receives at full speed at once), up to 1 where both directions are copies by the
+// same cores through the same memory (shared memory, threads, loopback TCP: an exchange costs
+// twice a one-way message). All four are measured on this machine by `collx-perf --calibrate`
+// (calibration.hpp), or shipped defaults.
 //
 // Ranks that share cores. When the calibration was measured with R ranks on C cores, R > C (8
 // ranks on 2 cores), every rank was busy in every step, so α, β and γ include R/C-fold sharing.
 // A step in which only `a` ranks have messages (a binomial tree's first steps, one hop of a
 // chain) shares the cores less, so it is charged max(1, a/C) / max(1, R/C) of the full step:
 //   time = Σ over steps t of s(a_t) · (α + β·bytes_t + γ·reduced_t).
-// With ranks that fit the cores (or no calibration) s = 1 and this is the formula above. The textbook costs come out of the walk (tests/test_model.cpp checks them): ring
+// With ranks that fit the cores (or no calibration) s = 1 and this is the formula above.
+//
+// The textbook costs come out of the walk (tests/test_model.cpp checks them): ring
 // all-reduce 2(N-1) steps and 2(N-1)/N·D bytes; recursive halving 2·log2 N steps; the double
 // binary tree 2·ceil(log2 N) steps for one chunk.
 //
@@ -227,11 +234,12 @@ inline std::vector<schedule> schedules(choice p, const problem& pr, int* ag_star
 struct cost {
   int steps = 0;              // the critical path: the common timeline's length
   std::uint64_t bytes = 0;    // Σ over steps of the most bytes one rank sends or receives in it
+  std::uint64_t both = 0;     // Σ over steps of the most bytes one rank moves in its smaller direction
   std::uint64_t reduced = 0;  // Σ over steps of the most bytes one rank reduces in it
   std::vector<transport::traffic> ranks;  // per rank, what transport::counting records
   struct step_cost {
     std::uint32_t active = 0;  // ranks with a message in this step
-    std::uint64_t bytes = 0, reduced = 0;
+    std::uint64_t bytes = 0, both = 0, reduced = 0;
   };
   std::vector<step_cost> per_step;  // along the timeline
 };
@@ -241,7 +249,7 @@ inline cost analyse(std::span<const schedule> all, std::size_t elem) {
   cost c;
   const int span = timeline(all);
   c.steps = span;
-  std::vector<std::uint64_t> moved(std::size_t(span), 0), reduced(std::size_t(span), 0);
+  std::vector<std::uint64_t> moved(std::size_t(span), 0), both(std::size_t(span), 0), reduced(std::size_t(span), 0);
   std::vector<std::uint32_t> active(std::size_t(span), 0);
   for (const schedule& s : all) {
     transport::traffic t;
@@ -265,26 +273,30 @@ inline cost analyse(std::span<const schedule> all, std::size_t elem) {
       ++active[std::size_t(st.time)];
       auto& m = moved[std::size_t(st.time)];
       m = std::max({m, out, in});
+      both[std::size_t(st.time)] = std::max(both[std::size_t(st.time)], std::min(out, in));
       reduced[std::size_t(st.time)] = std::max(reduced[std::size_t(st.time)], red);
     }
     c.ranks.push_back(t);
   }
   for (int i = 0; i < span; ++i) {
     c.bytes += moved[std::size_t(i)];
+    c.both += both[std::size_t(i)];
     c.reduced += reduced[std::size_t(i)];
-    c.per_step.push_back({active[std::size_t(i)], moved[std::size_t(i)], reduced[std::size_t(i)]});
+    c.per_step.push_back({active[std::size_t(i)], moved[std::size_t(i)], both[std::size_t(i)], reduced[std::size_t(i)]});
   }
   return c;
 }
 
 inline cost analyse(choice p, const problem& pr) { return analyse(schedules(p, pr), pr.elem); }
 
-/// α, β, γ: seconds per step, per byte on a link, per byte reduced; and where they came from.
+/// α, β, γ: seconds per step, per byte on a link, per byte reduced; δ: the share of a rank's
+/// smaller direction that adds to its larger one (0: full duplex); and where they came from.
 struct params {
   double alpha = 0, beta = 0, gamma = 0;
   std::string source;  // "calibrated <file> (<date>)", "shipped defaults for <transport>", ...
   int cores = 0;       // the cores the calibration's ranks shared (0: not known, no sharing)
   int ranks = 0;       // the ranks it was measured with
+  double delta = 0;    // 0 (full duplex) .. 1 (an exchange costs twice a one-way message)
 };
 
 /// The share of a fully busy step that a step with `active` ranks costs (see the top).
@@ -295,10 +307,11 @@ inline double sharing(const params& p, std::uint32_t active) {
 
 inline double predict(const cost& c, const params& p) {
   if (p.cores <= 0 || p.ranks <= p.cores || c.per_step.empty())
-    return p.alpha * double(c.steps) + p.beta * double(c.bytes) + p.gamma * double(c.reduced);
+    return p.alpha * double(c.steps) + p.beta * (double(c.bytes) + p.delta * double(c.both)) + p.gamma * double(c.reduced);
   double t = 0;
   for (const auto& s : c.per_step)
-    t += sharing(p, s.active) * (p.alpha + p.beta * double(s.bytes) + p.gamma * double(s.reduced));
+    t += sharing(p, s.active) *
+         (p.alpha + p.beta * (double(s.bytes) + p.delta * double(s.both)) + p.gamma * double(s.reduced));
   return t;
 }
 

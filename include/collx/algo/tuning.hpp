@@ -10,20 +10,6 @@ namespace collx::algo::tuning {
 /// still fills quickly (a 64 MiB chain over 8 ranks has 256 chunks for 7 hops).
 inline constexpr std::size_t pipeline_chunk_bytes = std::size_t(256) << 10;
 
-/// algo::automatic, until the cost model (issue 5) replaces this rule: at or below this many
-/// bytes the latency-bound policies (double binary tree for all-reduce, binomial tree for
-/// broadcast/reduce, recursive halving/doubling for reduce-scatter/all-gather) win; above it the
-/// bandwidth-optimal ring does. Measured on the thread transport, 8 ranks on 2 cores,
-/// `collx-perf -np 8 -b 256K -e 64M -f 4 --algo all -n 5`: all-reduce 256 KiB tree 250 us vs
-/// ring 572 us; 1 MiB tree 838 vs ring 980; 4 MiB ring 3399 vs tree 3630.
-inline constexpr std::size_t small_message_bytes = std::size_t(1) << 20;
-
-/// algo::automatic: all-reduces of at most this many bytes use recursive doubling (log2 N steps
-/// of whole vectors), where latency dominates. Measured over shm, 2 processes on 2 cores,
-/// `collx-perf --transport shm -np 2 -b 8 -e 64K -f 2 --op all_reduce --algo all`: see
-/// docs/performance.md.
-inline constexpr std::size_t latency_bound_bytes = std::size_t(4) << 10;
-
 /// all_to_all with blocks of at most this many bytes runs every exchange in one step (see
 /// algo/pairwise.hpp): a rank then serves whichever peer is ready instead of waiting for the
 /// step's one partner to be scheduled. Medians of 5-9 alternating runs, time per call, one step

@@ -121,7 +121,7 @@ void automatic_setup(communicator<T>& comm) {
   auto& st = comm.automatic();
   if (st.ready) return;
   struct blob {
-    double alpha, beta, gamma;
+    double alpha, beta, gamma, delta;
     std::int32_t cores, ranks;
     std::int8_t per[6];
     std::int8_t all;
@@ -133,6 +133,7 @@ void automatic_setup(communicator<T>& comm) {
   b.alpha = p.alpha;
   b.beta = p.beta;
   b.gamma = p.gamma;
+  b.delta = p.delta;
   b.cores = p.cores;
   b.ranks = p.ranks;
   std::copy(o.per.begin(), o.per.end(), b.per);
@@ -147,6 +148,7 @@ void automatic_setup(communicator<T>& comm) {
   st.alpha = b.alpha;
   st.beta = b.beta;
   st.gamma = b.gamma;
+  st.delta = b.delta;
   st.cores = b.cores;
   st.ranks = b.ranks;
   std::copy(std::begin(b.per), std::end(b.per), st.forced.begin());
@@ -183,6 +185,7 @@ algo::choice automatic_choice(communicator<T>& comm, algo::collective c, std::si
   model::params p{st.alpha, st.beta, st.gamma, {}};
   p.cores = st.cores;
   p.ranks = st.ranks;
+  p.delta = st.delta;
   const algo::choice best = model::best({c, n, count, elem, 0, commutative}, p);
   st.decisions[st.next++ % st.decisions.size()] = {key, std::int8_t(best)};
   return best;
