@@ -75,7 +75,9 @@ for c in $CASES; do
   done
 done
 
-params=$(grep -h "^# model:" "$LOGDIR"/*.txt 2>/dev/null | sort | uniq -c | sort -rn | head -3 | sed 's/^ *[0-9]* //')
+# The model's parameters per case (the home directory shown as ~).
+params=$(for c in $CASES; do t=${c%%:*} n=${c##*:}; grep -h "^# model:" "$LOGDIR/$t-$n-"*.txt 2>/dev/null | head -1 |
+         sed "s|^# model:|$t -np $n:|; s|${HOME:-/nonexistent}|~|g"; done)
 report() {
   awk -v fmt="$1" '
     function median(key,   n, i, j, t, a) {

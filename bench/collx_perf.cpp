@@ -489,7 +489,8 @@ void print_automatic_vs_best(const config& cfg, const sweep_info& si,
   const auto coll = collx::model::parse_collective(si.coll);
   const collx::model::params p = run_params(cfg);
   std::printf("# automatic vs the best policy of this run (time per call; auto/best > 1: automatic slower)\n");
-  std::printf("# model: alpha %.3g s, beta %.3g s/B, gamma %.3g s/B: %s%s\n", p.alpha, p.beta, p.gamma, p.source.c_str(),
+  std::printf("# model: alpha %.3g s, beta %.3g s/B, gamma %.3g s/B, delta %.2f, %d ranks on %d cores: %s%s\n", p.alpha,
+              p.beta, p.gamma, p.delta, p.ranks, p.cores, p.source.c_str(),
               std::getenv("COLLX_ALGO") ? " (COLLX_ALGO is set: it overrides the model)" : "");
   std::printf("# pick/best: the time of the model's pick in its own rows over the best; auto/best: the\n"
               "# automatic rows over the best (the same choice, plus run-to-run noise)\n");

@@ -101,7 +101,8 @@ for case in $CASES; do
   echo
   echo "### $coll, $n ranks over $transport"
   echo
-  sed -n '/^== the cost model/,$p' "$tmp/explain.txt" | sed -n '/alpha .* s\/step/p; /from: /p' | sed 's/^ */    /'
+  sed -n '/^== the cost model/,$p' "$tmp/explain.txt" | sed -n '/alpha .* s\/step/p; /from: /p; /measured with/p' |
+    sed "s/^ */    /; s|${HOME:-/nonexistent}|~|g"
   echo
   printf '| size (B) |'; for p in $policies; do printf ' %s predicted (us) | %s measured (us) |' "$p" "$p"; done; echo ' measured best | model'"'"'s best |'
   printf '| ---: |'; for p in $policies; do printf ' ---: | ---: |'; done; echo ' --- | --- |'
