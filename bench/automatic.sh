@@ -21,6 +21,7 @@
 #   MINB [8] MAXB [64M] FACTOR [8]
 #   iterations: < 64 KiB 500 (warm-up 20), .. 4 MiB 30 (5), larger 5 (2); -c 0 (no check: the
 #   test suite checks results; this measures).
+#   REPORT_ONLY=1: no runs; the report from the last run's $LOGDIR.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -52,10 +53,10 @@ bytes() {  # 64M -> 67108864
 minb=$(bytes "$MINB") maxb=$(bytes "$MAXB")
 mkdir -p "$LOGDIR"
 data=$LOGDIR/data.txt
-: > "$data"
 start=$(date +%s)
+[[ ${REPORT_ONLY:-} ]] || : > "$data"
 
-for c in $CASES; do
+[[ ${REPORT_ONLY:-} ]] || for c in $CASES; do
   t=${c%%:*} n=${c##*:}
   for coll in $COLLS; do
     for ((rep = 1; rep <= REPS; ++rep)); do
@@ -76,8 +77,8 @@ for c in $CASES; do
 done
 
 # The model's parameters per case (the home directory shown as ~).
-params=$(for c in $CASES; do t=${c%%:*} n=${c##*:}; grep -h "^# model:" "$LOGDIR/$t-$n-"*.txt 2>/dev/null | head -1 |
-         sed "s|^# model:|$t -np $n:|; s|${HOME:-/nonexistent}|~|g"; done)
+params=$(for c in $CASES; do t=${c%%:*} n=${c##*:}; awk '/^# model:/ {print; exit}' "$LOGDIR/$t-$n-"*.txt 2>/dev/null |
+         sed "s|^# model:|$t -np $n:|; s|${HOME:-/nonexistent}|~|g"; done || true)
 report() {
   awk -v fmt="$1" '
     function median(key,   n, i, j, t, a) {

@@ -277,6 +277,14 @@ TEST_CASE("calibration files: written, read back, and used only when sound", "[m
     std::fclose(f);
   }
   CHECK(model::params_for("shm", 2).source.find("lacks beta") != std::string::npos);
+  // An unusable file for this rank count yields to a usable one for another.
+  CHECK(model::write_calibration(model::calibration_file("shm", 4), "shm", {7e-6, 2.5e-10, 3.5e-11, {}}, 4) == "");
+  CHECK(model::params_for("shm", 2).alpha == Approx(7e-6));
+  // Not a regular file: not read (a FIFO would block).
+  std::filesystem::remove(model::calibration_file("shm", 4));
+  std::filesystem::remove(path);
+  std::filesystem::create_directory(path);
+  CHECK(model::params_for("shm", 2).source.find("not a calibration file") != std::string::npos);
   std::filesystem::remove_all(dir);
 }
 
@@ -291,7 +299,8 @@ TEST_CASE("COLLX_ALGO: parsed strictly", "[model][automatic]") {
   CHECK(o.per[std::size_t(collective::broadcast)] == -1);
   o = parse_algo_override("tree,all_reduce=automatic");
   CHECK(o.all == std::int8_t(model::choice::tree));
-  CHECK(o.per[std::size_t(collective::all_reduce)] == -1);
+  CHECK(o.per[std::size_t(collective::all_reduce)] == collx::detail::algo_override::kModel);
+  CHECK(o.per[std::size_t(collective::broadcast)] == collx::detail::algo_override::kUnset);
   CHECK(parse_algo_override("").all == -1);
   auto fails = [](const char* v, const char* says) {
     CAPTURE(v);
@@ -337,6 +346,12 @@ TEST_CASE("COLLX_ALGO overrides automatic's choice on every rank", "[model][auto
   {
     const scoped_env e("COLLX_ALGO", "tree");
     CHECK(steps_of_second_call() == std::uint64_t(model::analyse(model::choice::tree, {collective::all_reduce, n, 64}).ranks[0].steps));
+  }
+  // `all_reduce=automatic` takes the model back from a global policy: a 64-float all-reduce
+  // over 8 ranks is latency-bound, so the model never picks the ring's 14 steps.
+  {
+    const scoped_env e("COLLX_ALGO", "ring,all_reduce=automatic");
+    CHECK(steps_of_second_call() < std::uint64_t(2 * (n - 1)));
   }
   // A misspelt value fails the call on every rank, naming the value.
   {

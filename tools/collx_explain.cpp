@@ -499,10 +499,10 @@ std::optional<std::size_t> parse_size(std::string_view s) {  // 64K, 1M, 64MiB, 
   if (last == 'M' || last == 'm') mult = std::size_t(1) << 20;
   if (last == 'G' || last == 'g') mult = std::size_t(1) << 30;
   if (mult != 1) s.remove_suffix(1);
-  char* end = nullptr;
   const std::string str(s);
-  const unsigned long long v = std::strtoull(str.c_str(), &end, 10);
-  if (str.empty() || end == str.c_str() || *end != 0) return std::nullopt;
+  if (str.empty() || str.find_first_not_of("0123456789") != std::string::npos || str.size() > 15) return std::nullopt;
+  const unsigned long long v = std::strtoull(str.c_str(), nullptr, 10);
+  if (v > (1ull << 40) / mult) return std::nullopt;  // sizes up to 1 TiB
   return std::size_t(v) * mult;
 }
 
@@ -691,12 +691,16 @@ bool measure(const config& cfg) {
   std::printf("\n== predicted and measured: %s -np %d, %s, transport %s (%s)\n", model::name(cfg.c), cfg.n,
               human(double(b)).c_str(), perf_transport.c_str(), cfg.perf.c_str());
   std::printf("   %-20s %12s %12s %10s\n", "policy", "predicted", "measured", "meas/pred");
+  if (cfg.perf.find('\'') != std::string::npos) {
+    std::fprintf(stderr, "collx-explain: cannot run collx-perf from a path with a quote in it: %s\n", cfg.perf.c_str());
+    return false;
+  }
   bool ok = true;
   std::vector<std::string> names;
   for (model::choice p : shown(cfg)) names.push_back(model::name(p));
   if (cfg.policy.empty()) names.push_back("automatic");
   for (const std::string& name : names) {
-    const std::string cmd = cfg.perf + " --transport " + perf_transport + " -np " + std::to_string(cfg.n) + " --op " +
+    const std::string cmd = "'" + cfg.perf + "' --transport " + perf_transport + " -np " + std::to_string(cfg.n) + " --op " +
                             model::name(cfg.c) + " --algo " + name + " -b " + std::to_string(b) + " -e " + std::to_string(b) +
                             " -n " + std::to_string(iters) + " -w " + std::to_string(std::max(2, iters / 20)) +
                             (cfg.c == coll::broadcast || cfg.c == coll::reduce ? " -r " + std::to_string(cfg.root) : "") +
@@ -774,6 +778,7 @@ int main(int argc, char** argv) {
     if (arg == "-n" || arg == "-b" || arg == "--bytes" || arg == "--root") {
       const auto v = parse_size(value());
       if (!v) return usage(argv[0]);
+      if ((arg == "-n" || arg == "--root") && *v > 1024) return usage(argv[0]);
       if (arg == "-n") cfg.n = int(*v);
       else if (arg == "--root") cfg.root = int(*v);
       else cfg.bytes = *v, bytes_given = true;

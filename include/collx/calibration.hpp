@@ -23,6 +23,10 @@
 // Lines are "key value"; '#' starts a comment; unknown keys are ignored (newer files stay
 // readable); a file that lacks alpha, beta or gamma, or has a value that is not a finite number
 // >= 0, is not used, and params::source says why.
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -33,6 +37,8 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <system_error>
+#include <vector>
 
 #include "model.hpp"
 
@@ -70,8 +76,12 @@ inline std::optional<params> read_calibration(const std::string& path, std::stri
     return std::nullopt;
   };
   if (path.empty()) return fail("no cache directory (neither XDG_CACHE_HOME nor HOME is set)");
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return fail("no calibration at " + path);
+  if (!std::filesystem::is_regular_file(path, ec) || std::filesystem::file_size(path, ec) > 65536 || ec)
+    return fail(path + " is not a calibration file (not a regular file of at most 64 KiB)");
   std::ifstream f(path);
-  if (!f) return fail("no calibration at " + path);
+  if (!f) return fail("cannot read " + path);
   params p;
   bool a = false, b = false, g = false;
   std::string line, date;
@@ -87,18 +97,20 @@ inline std::optional<params> read_calibration(const std::string& path, std::stri
       if (v >= 1 && v <= 1 << 20) (key == "cores" ? p.cores : p.ranks) = int(v);
       continue;
     }
+    // std::from_chars: the file's numbers are read the same whatever the program's locale.
+    auto number = [](const std::string& t, double& v) {
+      const auto r = std::from_chars(t.data(), t.data() + t.size(), v);
+      return r.ec == std::errc() && r.ptr == t.data() + t.size() && std::isfinite(v);
+    };
     if (key == "delta") {
-      char* end = nullptr;
-      const double v = std::strtod(value.c_str(), &end);
-      if (end == value.c_str() || *end != 0 || !(v >= 0 && v <= 1))
-        return fail(path + ": delta '" + value + "' is not a number in [0, 1]");
+      double v = 0;
+      if (!number(value, v) || !(v >= 0 && v <= 1)) return fail(path + ": delta '" + value + "' is not a number in [0, 1]");
       p.delta = v;
       continue;
     }
     if (key != "alpha" && key != "beta" && key != "gamma") continue;
-    char* end = nullptr;
-    const double v = std::strtod(value.c_str(), &end);
-    if (end == value.c_str() || *end != 0 || !std::isfinite(v) || v < 0 || v > 1.0)
+    double v = 0;
+    if (!number(value, v) || v < 0 || v > 1.0)
       return fail(path + ": " + key + " '" + value + "' is not a number of seconds in [0, 1]");
     (key == "alpha" ? p.alpha : key == "beta" ? p.beta : p.gamma) = v;
     (key == "alpha" ? a : key == "beta" ? b : g) = true;
@@ -115,19 +127,23 @@ inline std::string write_calibration(const std::string& path, std::string_view t
   std::error_code ec;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
   if (ec) return "cannot create " + std::filesystem::path(path).parent_path().string() + ": " + ec.message();
-  const std::string tmp = path + ".tmp";
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());  // two calibrations at once: the last rename wins
   std::FILE* f = std::fopen(tmp.c_str(), "w");
   if (!f) return "cannot write " + tmp;
   char date[32] = "?";
   const std::time_t now = std::time(nullptr);
-  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  std::tm tm{};
+  if (gmtime_r(&now, &tm) != nullptr) std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", &tm);
   std::fprintf(f, "# collx calibration%s%.*s\n", comment.empty() ? "" : " ", int(comment.size()), comment.data());
   std::fprintf(f, "transport %.*s\n", int(transport.size()), transport.data());
   std::fprintf(f, "alpha %.6g\nbeta %.6g\ngamma %.6g\ndelta %.4g\nranks %d\n", p.alpha, p.beta, p.gamma, p.delta, ranks);
   if (p.cores > 0) std::fprintf(f, "cores %d\n", p.cores);
   std::fprintf(f, "date %s\n", date);
   const bool ok = std::fclose(f) == 0;
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) return "cannot write " + path;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    return "cannot write " + path;
+  }
   return {};
 }
 
@@ -137,23 +153,25 @@ inline std::string write_calibration(const std::string& path, std::string_view t
 inline params params_for(std::string_view transport, int ranks) {
   std::string why;
   if (auto p = read_calibration(calibration_file(transport, ranks), &why)) return *p;
-  // The nearest other rank count calibrated for this transport (fewer ranks win ties).
-  int best = 0;
+  // Other rank counts calibrated for this transport, nearest first (fewer ranks win ties); the
+  // first that reads is used.
+  std::vector<int> others;
   const std::string prefix = "calibration-" + std::string(transport) + "-np", dir = cache_dir();
   std::error_code ec;
   if (!dir.empty())
-    for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-      const std::string f = e.path().filename().string();
+    for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string f = it->path().filename().string();
       if (f.rfind(prefix, 0) != 0 || f.size() < prefix.size() + 5 || f.substr(f.size() - 4) != ".txt") continue;
       const std::string num = f.substr(prefix.size(), f.size() - 4 - prefix.size());
-      if (num.empty() || num.find_first_not_of("0123456789") != std::string::npos || num.size() > 5) continue;
+      if (num.empty() || num.size() > 5 || num[0] == '0' || num.find_first_not_of("0123456789") != std::string::npos) continue;
       const int r = std::stoi(num);
-      const auto dist = [&](int x) { return x > ranks ? 2 * (x - ranks) : 2 * (ranks - x) - 1; };
-      if (r >= 1 && (best == 0 || dist(r) < dist(best))) best = r;
+      if (r != ranks) others.push_back(r);
     }
-  if (best != 0)
-    if (auto p = read_calibration(calibration_file(transport, best))) {
-      p->source += ", measured with " + std::to_string(best) + " ranks (none for " + std::to_string(ranks) + ")";
+  const auto dist = [&](int x) { return x > ranks ? 2 * (x - ranks) : 2 * (ranks - x) - 1; };
+  std::sort(others.begin(), others.end(), [&](int a, int b) { return dist(a) < dist(b); });
+  for (int r : others)
+    if (auto p = read_calibration(calibration_file(transport, r))) {
+      p->source += ", measured with " + std::to_string(r) + " ranks (none for " + std::to_string(ranks) + ")";
       return *p;
     }
   params p = shipped_defaults(transport);

@@ -84,13 +84,13 @@ class communicator {
     double alpha = 0, beta = 0, gamma = 0, delta = 0;
     int cores = 0, ranks = 0;  // model::params' sharing of cores
     std::string source;
-    std::array<std::int8_t, 6> forced{-1, -1, -1, -1, -1, -1};  // per algo::collective: a choice, or -1
+    std::array<std::int8_t, 6> forced{-1, -1, -1, -1, -1, -1};  // per algo::collective: a choice, -1, or -2 (the model)
     std::int8_t forced_all = -1;                                 // COLLX_ALGO's global policy, or -1
     struct decision {
       std::array<std::uint64_t, 4> key{};
       std::int8_t policy = -1;
     };
-    std::array<decision, 32> decisions{};
+    std::array<decision, 64> decisions{};
     std::size_t next = 0;
   };
   automatic_state& automatic() noexcept { return auto_; }

@@ -183,6 +183,20 @@ std::vector<schedule> schedules(const A& a, const problem& pr, int* ag_start = n
   const auto un = std::size_t(n);
   std::vector<std::size_t> counts(un, k), offs(un);
   for (std::size_t i = 0; i < un; ++i) offs[i] = i * k;
+  // all_reduce as reduce-scatter + all-gather: every rank's reduce-scatter first, to know when
+  // the last one ends.
+  std::vector<schedule> rs;
+  int shift = 0;
+  if constexpr (!requires(const algo::ar_problem& p) { a.all_reduce(p); } &&
+                requires(const algo::rs_problem& p) { a.reduce_scatter(p); }) {
+    if (pr.coll == collective::all_reduce) {
+      const partition blocks(k, n);
+      for (int q = 0; q < n; ++q) rs.push_back(a.reduce_scatter({q, n, blocks, buf::in, buf::out, e, pr.commutative}));
+      // (A reduce-scatter may end with a step that only copies its result into place: it
+      // merges into the all-gather's first step and takes no slot of its own.)
+      shift = timeline(rs);
+    }
+  }
   for (int r = 0; r < n; ++r) {
     switch (pr.coll) {
       case collective::all_reduce:
@@ -190,12 +204,7 @@ std::vector<schedule> schedules(const A& a, const problem& pr, int* ag_start = n
           v.push_back(a.all_reduce({r, n, k, e, pr.commutative, buf::in}));
         } else if constexpr (requires(const algo::rs_problem& p) { a.reduce_scatter(p); }) {
           const partition blocks(k, n);
-          std::vector<schedule> rs;
-          for (int q = 0; q < n; ++q) rs.push_back(a.reduce_scatter({q, n, blocks, buf::in, buf::out, e, pr.commutative}));
-          // (A reduce-scatter may end with a step that only copies its result into place: it
-          // merges into the all-gather's first step and takes no slot of its own.)
-          const int shift = timeline(rs);
-          schedule s = rs[std::size_t(r)];
+          schedule s = std::move(rs[std::size_t(r)]);
           s.append(a.all_gather({r, n, blocks, true, 0, e}), shift);
           if (ag_start) *ag_start = shift;
           v.push_back(std::move(s));

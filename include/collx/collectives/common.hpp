@@ -63,9 +63,11 @@ const char* transport_kind(const T& t) {
   else return T::name;
 }
 
-/// COLLX_ALGO parsed (grammar in algo/automatic.hpp): per collective a choice or -1, and the
-/// global choice or -1. Throws errc::invalid_argument naming what is wrong.
+/// COLLX_ALGO parsed (grammar in algo/automatic.hpp): per collective a choice, kModel (named
+/// `automatic`: the model, whatever the global value) or kUnset, and the global choice or
+/// kUnset. Throws errc::invalid_argument naming what is wrong.
 struct algo_override {
+  static constexpr std::int8_t kUnset = -1, kModel = -2;
   std::array<std::int8_t, 6> per{-1, -1, -1, -1, -1, -1};
   std::int8_t all = -1;
 };
@@ -90,14 +92,14 @@ inline algo_override parse_algo_override(std::string_view v) {
     if (item.empty()) continue;
     const std::size_t eq = item.find('=');
     const std::string_view pname = eq == std::string_view::npos ? item : item.substr(eq + 1);
-    std::int8_t pol = -1;
+    std::int8_t pol = algo_override::kModel;
     if (pname != "automatic") {
       const auto p = model::parse_policy(pname);
       if (!p) bad("unknown policy '" + std::string(pname) + "' (policies: " + policies() + ")");
       pol = std::int8_t(*p);
     }
     if (eq == std::string_view::npos) {
-      o.all = pol;
+      o.all = pol == algo_override::kModel ? algo_override::kUnset : pol;
       continue;
     }
     const std::string_view cname = item.substr(0, eq);
@@ -127,9 +129,18 @@ void automatic_setup(communicator<T>& comm) {
     std::int8_t all;
     char source[256];
   } b{};
-  const char* env = std::getenv("COLLX_ALGO");
-  const algo_override o = parse_algo_override(env != nullptr ? env : "");
-  const model::params p = model::params_for(transport_kind(comm.transport()), comm.size());
+  // Every rank checks its own COLLX_ALGO (a misspelt value is an error wherever it is set);
+  // a rank that fails here tells its peers, which are about to wait for it in the broadcast.
+  algo_override o;
+  model::params p;
+  try {
+    const char* env = std::getenv("COLLX_ALGO");
+    o = parse_algo_override(env != nullptr ? env : "");
+    p = model::params_for(transport_kind(comm.transport()), comm.size());
+  } catch (const std::exception& e) {
+    comm.transport().abort(e.what());
+    throw;
+  }
   b.alpha = p.alpha;
   b.beta = p.beta;
   b.gamma = p.gamma;
@@ -167,7 +178,8 @@ algo::choice automatic_choice(communicator<T>& comm, algo::collective c, std::si
   if (n == 1) return commutative ? algo::choice::ring : algo::choice::recursive_halving;  // local copies only
   automatic_setup(comm);
   auto& st = comm.automatic();
-  if (const std::int8_t f = st.forced[std::size_t(c)]; f >= 0) {
+  const std::int8_t f = st.forced[std::size_t(c)];
+  if (f >= 0) {
     if (!model::supports(algo::choice(f), c, commutative))
       call.fail(errc::invalid_argument, std::string("COLLX_ALGO asks for ") + model::name(algo::choice(f)) + " for " +
                                             model::name(c) +
@@ -175,7 +187,7 @@ algo::choice automatic_choice(communicator<T>& comm, algo::collective c, std::si
                                             "op; use tree or recursive_halving");
     return algo::choice(f);
   }
-  if (st.forced_all >= 0 && model::supports(algo::choice(st.forced_all), c, commutative))
+  if (f != algo_override::kModel && st.forced_all >= 0 && model::supports(algo::choice(st.forced_all), c, commutative))
     return algo::choice(st.forced_all);
   const std::array<std::uint64_t, 4> key{std::uint64_t(c) | std::uint64_t(commutative) << 8, count, elem, std::uint64_t(n)};
   for (std::size_t i = 0; i < st.decisions.size(); ++i) {

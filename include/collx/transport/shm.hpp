@@ -138,6 +138,8 @@ class shm {
   /// -e 2K -f 4 -n 1000`, 8 B broadcast 1.0 us per call with 8 lines, 0.6 with 32 (Open MPI 0.4).
   static constexpr std::uint32_t kLines = 64;
   static_assert(kLines % kSlots == 0, "a chunk's data slot is its line number mod kSlots");
+  static_assert((kLines & (kLines - 1)) == 0 && (kSlots & (kSlots - 1)) == 0,
+                "powers of two, so that p % kLines and p % kSlots stay in step when the uint32 counters wrap");
   /// Bytes a line's own buffer holds. Up to this size a sender may run kLines ahead (above):
   /// the same command, 128 B broadcast 1.0 us per call in a data slot, against the figure in
   /// docs/performance.md in the line's buffer.
@@ -215,7 +217,7 @@ class shm {
         const send_desc& d = sends[i];
         channel_ctl& c = ctl(rank_, d.peer);
         if (st.done) continue;
-        if (st.ack_at != 0) {  // single copy: done when the receiver has read it
+        if (st.awaiting_ack) {  // single copy: done when the receiver has read it
           if (std::int32_t(c.consumed.load(std::memory_order_acquire) - st.ack_at) >= 0) {
             st.done = true;
             --pending;
@@ -238,6 +240,7 @@ class shm {
           c.posted.store(posted + 1, std::memory_order_relaxed);
           ring(d.peer);
           st.ack_at = posted + 1;
+          st.awaiting_ack = true;
           st.started = moved = true;
           continue;
         }
@@ -319,7 +322,7 @@ class shm {
       for (std::size_t i = 0; i < sends.size(); ++i) {
         if (ss[i].done || !first_to(sends, ss, i)) continue;
         channel_ctl& c = ctl(rank_, sends[i].peer);
-        if (ss[i].ack_at != 0) {
+        if (ss[i].awaiting_ack) {
           if (std::int32_t(c.consumed.load(std::memory_order_acquire) - ss[i].ack_at) >= 0) return true;
           continue;
         }
@@ -364,7 +367,7 @@ class shm {
     auto awaiting_read = [&](bool& reading) {
       bool any = false;
       for (std::size_t i = 0; i < sends.size(); ++i)
-        if (ss[i].ack_at != 0 && !ss[i].done) {
+        if (ss[i].awaiting_ack && !ss[i].done) {
           any = true;
           reading = reading || ctl(rank_, sends[i].peer).reading.load(std::memory_order_relaxed) != 0;
         }
@@ -416,7 +419,8 @@ class shm {
   struct op_state {
     std::size_t off = 0;
     bool started = false, done = false;
-    std::uint32_t ack_at = 0;  // single copy: the `consumed` count that acknowledges it
+    bool awaiting_ack = false;  // single copy: announced, waiting for the receiver to read it
+    std::uint32_t ack_at = 0;   // the `consumed` count that acknowledges it (any value: counters wrap)
   };
   static constexpr std::uint64_t kMagic = 0x636f6c6c782d7368ull;  // "collx-sh"
   static constexpr std::uint32_t kLive = 1, kLeft = 2, kFailed = 3;
