@@ -12,7 +12,8 @@
 #
 # Environment: BUILD [<repo>/build] (collx-explain in tools/, collx-perf in bench/), REPS [3],
 #   CASES ["all_reduce:threads:8 broadcast:threads:8 all_reduce:tcp:4"], MAXB [64M],
-#   POLICIES [ring,tree].
+#   POLICIES [ring,tree], PLOT_ONLY [unset] (1: no measuring; the plots and tables from the
+#   .dat files already here).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -37,7 +38,7 @@ for case in $CASES; do
   "$explain" "$coll" -n "$n" --transport "$transport" --policy "$POLICIES" --steps 0 > "$tmp/explain.txt"
   # Measured: size ... busbw #wrong algo, three size bands so that large sizes stay cheap.
   : > "$tmp/meas.txt"
-  for ((rep = 1; rep <= REPS; ++rep)); do
+  [[ ${PLOT_ONLY:-} ]] || for ((rep = 1; rep <= REPS; ++rep)); do
     for band in "8 32K 300" "128K 2M 20" "8M $MAXB 3"; do
       read -r lo hi it <<< "$band"
       for p in ${POLICIES//,/ }; do
@@ -52,7 +53,7 @@ for case in $CASES; do
   case $coll in all_reduce) factor=$(echo "2*($n-1)/$n" | bc -l) ;; broadcast|reduce) factor=1 ;; *) factor=$(echo "($n-1)/$n" | bc -l) ;; esac
   # One row per size: size, then per policy predicted and measured (median) busbw (GB/s) and
   # time (us).
-  awk -v pols="$policies" -v factor="$factor" '
+  [[ ${PLOT_ONLY:-} ]] || awk -v pols="$policies" -v factor="$factor" '
     function median(s,   n, i, j, t, a) {
       n = split(s, a, " ")
       for (i = 2; i <= n; ++i) { t = a[i]; for (j = i - 1; j >= 1 && a[j] + 0 > t + 0; --j) a[j + 1] = a[j]; a[j + 1] = t }
@@ -83,7 +84,7 @@ for case in $CASES; do
     echo "set datafile missing '-'"
     echo "set output '$here/$name.png'"
     echo "set title '$coll, $n ranks over $transport: predicted (dashed) and measured (solid) busbw'"
-    echo "set logscale x 2; set logscale y 10; set format x '%.0b%B'; set xlabel 'size (bytes)'; set ylabel 'busbw (GB/s)'"
+    echo "set logscale x 2; set logscale y 10; set format x '%.0b%B'; set format y '%g'; set xlabel 'size (bytes)'; set ylabel 'busbw (GB/s)'"
     echo "set key left top; set grid"
     i=0
     for x in $xs; do i=$((i + 1)); echo "set arrow $i from $x, graph 0 to $x, graph 1 nohead dt 3 lc rgb 'gray40'"; done
