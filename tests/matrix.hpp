@@ -34,7 +34,8 @@ void check_moving_matrix() {
       CAPTURE(n, count);
       const std::size_t k = count / std::size_t(n) + (count % 2);
       CHECK(run_all_gather<float, Algo, L>(n, k) == "");
-      CHECK(run_broadcast<std::int32_t, Algo, L>(n, count, n / 2) == "");
+      if constexpr (!std::is_same_v<Algo, collx::algo::pairwise>)  // pairwise has no broadcast
+        CHECK(run_broadcast<std::int32_t, Algo, L>(n, count, n / 2) == "");
     }
 }
 

@@ -5,7 +5,8 @@
 using namespace collx_test;
 
 TEMPLATE_TEST_CASE("all_gather delivers every block to every rank", "[all_gather]", collx::algo::ring,
-                   collx::algo::tree, collx::algo::recursive_halving, collx::algo::automatic) {
+                   collx::algo::tree, collx::algo::recursive_halving, collx::algo::pairwise,
+                   collx::algo::automatic) {
   for (int n : rank_counts())
     for (std::size_t count : counts_for(n)) {
       const std::size_t k = count / std::size_t(n) + (count % 2);

@@ -152,6 +152,10 @@ TEST_CASE("the textbook costs come out of the model's walk", "[model][cost]") {
     const model::cost a2a = model::analyse(model::choice::pairwise, {collective::all_to_all, n, blk});
     CHECK(a2a.steps == n - 1);
     CHECK(a2a.bytes == std::uint64_t(n - 1) * blk * 4);
+    // Pairwise all-gather with small blocks: one step, each rank sends (N-1)/N·D.
+    const model::cost pag = model::analyse(model::choice::pairwise, {collective::all_gather, n, count / std::size_t(n)});
+    CHECK(pag.steps == 1);
+    for (const traffic& x : pag.ranks) CHECK(x.bytes_sent * std::uint64_t(n) == std::uint64_t(n - 1) * D);
   }
 }
 

@@ -44,6 +44,8 @@ TEST_CASE("steps on the critical path match the derivations", "[schedule][cost]"
     const std::size_t a2a_big = algo::tuning::a2a_one_step_bytes / 4 + 1;
     CHECK(span(schedules(algo::pairwise{}, coll::all_to_all, n, a2a_big)) == n - 1);
     CHECK(span(schedules(algo::pairwise{}, coll::all_to_all, n, a2a_big - 1)) == 1);
+    CHECK(span(schedules(algo::pairwise{}, coll::all_gather, n, a2a_big)) == n - 1);
+    CHECK(span(schedules(algo::pairwise{}, coll::all_gather, n, a2a_big - 1)) == 1);
     CHECK(span(schedules(algo::recursive_doubling{}, coll::all_reduce, n, big)) == lgp + extra);
     // The double binary tree, one chunk: up the in-order tree and down again. Its height is
     // ceil(log2 n) (rank 0, the root, has a single child: the top of a complete tree below it).

@@ -46,7 +46,7 @@ TEMPLATE_TEST_CASE("over shm: reducing collectives equal the serial reference", 
 }
 
 TEMPLATE_TEST_CASE("over shm: data-moving collectives deliver every block", "[shm]", algo::ring, algo::tree,
-                   algo::recursive_halving, algo::automatic) {
+                   algo::recursive_halving, algo::pairwise, algo::automatic) {
   check_moving_matrix<processes, TestType>();
 }
 

@@ -33,7 +33,7 @@ TEMPLATE_TEST_CASE("over tcp: reducing collectives equal the serial reference", 
 }
 
 TEMPLATE_TEST_CASE("over tcp: data-moving collectives deliver every block", "[tcp]", algo::ring, algo::tree,
-                   algo::recursive_halving, algo::automatic) {
+                   algo::recursive_halving, algo::pairwise, algo::automatic) {
   check_moving_matrix<processes_tcp, TestType>();
 }
 

@@ -9,6 +9,11 @@
 // forwards each byte log2 N / 2 times and wins only for tiny blocks.
 //
 // The same schedule serves all_to_all_v: blocks have per-peer counts, packed in rank order.
+//
+// all_gather the same way: at step s rank r sends its own block to rank r+s and receives rank
+// r-s's. With blocks up to tuning::a2a_one_step_bytes every exchange is in one step, so a small
+// all-gather costs one round of latency instead of recursive doubling's log2 N or the ring's
+// N-1: steps 1 (else N-1); bytes sent per rank (N-1)/N·D, as the ring.
 #include <cstddef>
 #include <span>
 
@@ -46,6 +51,21 @@ struct pairwise {
       else s.next_step();
       s.send(int(to), {buf::in, p.send_offsets[to], p.send_counts[to]});
       s.recv(int(from), {buf::out, p.recv_offsets[from], p.recv_counts[from]});
+    }
+    return s;
+  }
+
+  schedule all_gather(const ag_problem& p) const {
+    schedule s;
+    const int n = p.size, v = p.rank;
+    if (!p.in_place) s.copy(p.block(v), {buf::in, 0, p.blocks.count(v)});
+    // Every rank knows the whole partition, so all decide alike.
+    const bool one_step = p.blocks.max_count() * p.elem_size <= tuning::a2a_one_step_bytes;
+    for (int st = 1; st < n; ++st) {
+      if (one_step) s.at(0);
+      else s.next_step();
+      s.send(p.actual(v + st), p.own());
+      s.recv(p.actual(v - st), p.block(mod(v - st, n)));
     }
     return s;
   }

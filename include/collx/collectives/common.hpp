@@ -221,6 +221,12 @@ void with_policy(const Algo& a, communicator<T>& comm, std::size_t count, call_i
         }
         break;
       case algo::choice::tree: run(algo::tree{}); return;
+      case algo::choice::pairwise:
+        if constexpr (C == algo::collective::all_gather) {
+          run(algo::pairwise{});
+          return;
+        }
+        break;
       case algo::choice::recursive_doubling:
         if constexpr (C == algo::collective::all_reduce) {
           run(algo::recursive_doubling{});
