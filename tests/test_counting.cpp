@@ -172,3 +172,36 @@ TEST_CASE("pairwise all_to_all: N-1 steps, (N-1)/N·D bytes per rank", "[cost][p
     }
   }
 }
+
+TEST_CASE("calls with zero elements exchange nothing, whatever the policy", "[cost][empty]") {
+  for (int n : {1, 2, 3, 5, 7}) {
+    CAPTURE(n);
+    std::vector<std::uint64_t> calls(static_cast<std::size_t>(n));
+    const auto t = count_traffic(n, [&](auto& comm) {
+      std::vector<float> none, out;
+      collx::all_reduce(comm, std::span{none}, collx::ops::sum{});
+      collx::all_reduce(comm, std::span{none}, collx::ops::sum{}, algo::ring{});
+      collx::all_reduce(comm, std::span<const float>{none}, std::span{out}, collx::ops::max{}, algo::tree{});
+      collx::reduce_scatter(comm, std::span<const float>{none}, std::span{out}, collx::ops::sum{}, algo::recursive_halving{});
+      collx::all_gather(comm, std::span<const float>{none}, std::span{out}, algo::pairwise{});
+      collx::broadcast(comm, std::span{none}, n - 1);
+      collx::reduce(comm, std::span<const float>{none}, std::span{out}, collx::ops::sum{}, 0);
+      collx::all_to_all(comm, std::span<const float>{none}, std::span{out});
+      collx::gather(comm, std::span<const float>{none}, std::span{out}, 0);
+      collx::scatter(comm, std::span<const float>{none}, std::span{out}, n / 2);
+      calls[std::size_t(comm.rank())] = comm.calls();
+    });
+    for (std::size_t r = 0; r < t.size(); ++r) {
+      CAPTURE(r);
+      CHECK(t[r] == traffic{});
+      CHECK(calls[r] == 10);  // each still takes its sequence number
+    }
+  }
+  SECTION("a bad root is still an error") {
+    const auto t = count_traffic(2, [&](auto& comm) {
+      std::vector<float> none;
+      CHECK_THROWS_AS(collx::broadcast(comm, std::span{none}, 2), collx::error);
+    });
+    CHECK(t[0] == traffic{});
+  }
+}

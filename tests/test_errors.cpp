@@ -115,6 +115,34 @@ TEST_CASE("ranks that make different calls get errc::mismatch, with both sides p
     });
     CHECK(e.code() == collx::errc::mismatch);
   }
+  SECTION("zero-element calls that differ are caught at the next call that exchanges") {
+    auto e = failure_of(3, [](auto& comm) {
+      std::vector<float> none, v(8, 1.0f);
+      if (comm.rank() == 1) collx::broadcast(comm, std::span{none}, 0);
+      else collx::all_reduce(comm, std::span{none}, collx::ops::sum{});
+      collx::all_reduce(comm, std::span{v}, collx::ops::sum{}, collx::algo::ring{});
+    });
+    CHECK(e.code() == collx::errc::mismatch);
+    CHECK_THAT(e.what(), Contains("all_reduce #2 (ring)") && Contains("different calls with zero elements"));
+  }
+  SECTION("a zero-element call on one rank against a non-empty one") {
+    auto e = failure_of(2, [](auto& comm) {
+      std::vector<float> v(comm.rank() == 0 ? 0 : 8, 1.0f), w(8, 1.0f);
+      collx::all_reduce(comm, std::span{v}, collx::ops::sum{}, collx::algo::ring{});
+      collx::all_reduce(comm, std::span{w}, collx::ops::sum{}, collx::algo::ring{});
+    });
+    CHECK(e.code() == collx::errc::mismatch);
+    CHECK_THAT(e.what(), Contains("all_reduce #1") && Contains("all_reduce #2"));
+  }
+  SECTION("zero-element calls that agree are no error") {
+    collx::launch_threads(3, [](auto& comm) {
+      std::vector<float> none, v(8, 1.0f);
+      collx::broadcast(comm, std::span{none}, 2);
+      collx::all_reduce(comm, std::span{v}, collx::ops::sum{}, collx::algo::ring{});
+      for (float x : v)
+        if (x != 3.0f) throw std::runtime_error("wrong sum");
+    }, quick());
+  }
   SECTION("all_to_all_v counts that disagree between sender and receiver") {
     auto e = failure_of(2, [](auto& comm) {
       // rank 1 sends 2 elements to rank 0, which expects 3

@@ -399,7 +399,7 @@ TEST_CASE("automatic: every rank takes rank 0's parameters", "[model][automatic]
     std::vector<double> v(10, 1.0);
     collx::all_reduce(comm, std::span{v}, collx::ops::sum{});
     const auto& st = comm.automatic();
-    if (st.ready && st.alpha == 3e-6 && st.beta == 4e-10 && st.source.rfind("calibrated", 0) == 0) ++agreed;
+    if (st.ready && st.n.alpha == 3e-6 && st.n.beta == 4e-10 && st.source.rfind("calibrated", 0) == 0) ++agreed;
   });
   CHECK(agreed == 5);
   std::filesystem::remove_all(dir);

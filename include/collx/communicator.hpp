@@ -54,6 +54,11 @@ class communicator {
   std::uint64_t next_seq() noexcept { return ++seq_; }
   std::uint64_t calls() const noexcept { return seq_; }
 
+  /// The digest of this rank's zero-element calls so far (signature.hpp): such calls return at
+  /// once and are checked against the peers' at the next call that exchanges.
+  std::uint64_t empty_calls() const noexcept { return empty_; }
+  void set_empty_calls(std::uint64_t d) noexcept { empty_ = d; }
+
   /// What identifies a schedule: the policy and problem types (kind) and the problem's values.
   struct schedule_key {
     const void* kind = nullptr;
@@ -80,9 +85,13 @@ class communicator {
   /// the cost model's parameters and COLLX_ALGO's overrides as rank 0 has them (every rank then
   /// decides alike), and the last decisions.
   struct automatic_state {
+    /// model::params' numbers, trivially copyable: rank 0 broadcasts them as they are.
+    struct numbers {
+      double alpha = 0, beta = 0, gamma = 0, delta = 0;
+      std::int32_t cores = 0, ranks = 0;  // model::params' sharing of cores
+    };
     bool ready = false;
-    double alpha = 0, beta = 0, gamma = 0, delta = 0;
-    int cores = 0, ranks = 0;  // model::params' sharing of cores
+    numbers n;
     std::string source;
     std::array<std::int8_t, 6> forced{-1, -1, -1, -1, -1, -1};  // per algo::collective: a choice, -1, or -2 (the model)
     std::int8_t forced_all = -1;                                 // COLLX_ALGO's global policy, or -1
@@ -105,6 +114,7 @@ class communicator {
   T t_;
   options opts_;
   std::uint64_t seq_ = 0;
+  std::uint64_t empty_ = 0;
   automatic_state auto_;
   struct cache_entry {
     bool valid = false;

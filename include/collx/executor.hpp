@@ -125,6 +125,7 @@ call_info make_call(communicator<T>& comm, const char* collective, const char* p
     c.sig.op_hash = op_hash;
   }
   c.sig.seq = comm.next_seq();
+  c.sig.empty_calls = comm.empty_calls();
   c.sig.count = count;
   c.sig.elem_size = std::uint32_t(sizeof(E));
   c.sig.root = root;
@@ -133,6 +134,14 @@ call_info make_call(communicator<T>& comm, const char* collective, const char* p
   return c;
 }
 
+/// A call with zero elements returns at once, exchanging nothing (as MPI and NCCL do); it is
+/// folded into the digest the next exchanging call carries (signature.hpp). True when skipped.
+template <class T>
+bool skip_if_empty(communicator<T>& comm, const call_info& call) {
+  if (call.sig.count != 0) return false;
+  comm.set_empty_calls(call.sig.fold_empty(comm.empty_calls()));
+  return true;
+}
 
 }  // namespace detail
 }  // namespace collx

@@ -170,7 +170,7 @@ inline int timeline(std::span<const schedule> all) {
 }
 
 /// Every rank's schedule for `pr`, built as the collectives build them (empty when the policy
-/// has none). all_reduce by reduce-scatter + all-gather: the all-gather starts on the common
+/// has none; empty schedules for zero elements, which the collectives return from at once). all_reduce by reduce-scatter + all-gather: the all-gather starts on the common
 /// timeline once the longest reduce-scatter has ended (the collective runs them one after the
 /// other); `ag_start`, when given, receives that step (-1 for a policy's own all_reduce).
 template <class A>
@@ -179,6 +179,7 @@ std::vector<schedule> schedules(const A& a, const problem& pr, int* ag_start = n
   if (ag_start) *ag_start = -1;
   if (!supports<A>(pr.coll, pr.commutative)) return v;
   const int n = pr.n;
+  if (pr.count == 0) return std::vector<schedule>(std::size_t(n));  // zero elements: nothing runs
   const std::size_t k = pr.count, e = pr.elem;
   const auto un = std::size_t(n);
   std::vector<std::size_t> counts(un, k), offs(un);

@@ -3,6 +3,12 @@
 // carries its sender's call_signature; the receiver compares it with its own, so ranks that make
 // different calls (collective, sequence number, count, element size, root, op, policy) fail with
 // errc::mismatch and a message that prints both sides, instead of exchanging wrong data.
+//
+// Calls with zero elements exchange nothing (they return at once, as in MPI and NCCL), so they
+// cannot be compared when they are made. Each rank folds them into a digest that the signature of
+// its next exchanging call carries: ranks whose zero-element calls differed (collective, root,
+// op, element size) fail there with errc::mismatch. A zero-element call on one rank against a
+// non-empty one on another shifts the sequence numbers and fails the same way.
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -48,17 +54,29 @@ inline std::string format_seconds(std::chrono::nanoseconds d) {
 struct call_signature {
   char collective[16] = {};
   char policy[24] = {};
-  char op[40] = {};
+  char op[32] = {};
   std::uint64_t seq = 0;
+  std::uint64_t empty_calls = 0;  // digest of this rank's earlier zero-element calls (see the top)
   std::uint64_t count = 0;
   std::uint64_t op_hash = 0;
   std::uint32_t elem_size = 0;
   std::int32_t root = -1;
 
   friend bool operator==(const call_signature& a, const call_signature& b) {
-    return a.seq == b.seq && a.count == b.count && a.op_hash == b.op_hash && a.elem_size == b.elem_size &&
+    return a.seq == b.seq && a.empty_calls == b.empty_calls && a.count == b.count && a.op_hash == b.op_hash && a.elem_size == b.elem_size &&
            a.root == b.root && std::strncmp(a.collective, b.collective, sizeof a.collective) == 0 &&
            std::strncmp(a.policy, b.policy, sizeof a.policy) == 0;
+  }
+
+  /// This call folded into a digest of zero-element calls (one that returned without exchanging).
+  std::uint64_t fold_empty(std::uint64_t digest) const noexcept {
+    auto mix = [&](std::uint64_t x) { digest = (digest ^ x) * 1099511628211ull; };
+    mix(detail::fnv1a({collective, strnlen(collective, sizeof collective)}));
+    mix(seq);
+    mix(op_hash);
+    mix(elem_size);
+    mix(std::uint64_t(std::int64_t(root)));
+    return digest == 0 ? 1 : digest;
   }
 
   /// "all_reduce #42 (ring, sum, 1000 x 4 B)"
@@ -93,6 +111,11 @@ struct call_info {
 
   /// Compares the signature and size of a message from `peer` with what this rank expects.
   void check_match(int peer, const call_signature& theirs, std::size_t their_bytes, std::size_t my_bytes) const {
+    if (theirs.empty_calls != sig.empty_calls && theirs.seq == sig.seq)
+      fail(errc::mismatch, "and rank " + std::to_string(peer) +
+                               " made different calls with zero elements before this one (those exchange nothing, "
+                               "so they are compared here): this rank calls " +
+                               sig.describe() + ", rank " + std::to_string(peer) + " " + theirs.describe());
     if (!(theirs == sig))
       fail(errc::mismatch, "and rank " + std::to_string(peer) + " made different calls: this rank called " +
                                sig.describe() + ", rank " + std::to_string(peer) + " called " + theirs.describe());

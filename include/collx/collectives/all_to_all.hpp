@@ -42,6 +42,7 @@ void all_to_all(communicator<T>& comm, std::span<const std::type_identity_t<E>> 
                   "the output has " + detail::n_elems(out.size()) + " but the input has " + std::to_string(in.size()));
   COLLX_REQUIRE(!detail::partially_overlap(in, out) && !(in.data() == out.data() && !in.empty()), call,
                   "the input and output overlap (all_to_all has no in-place form)");
+  if (detail::skip_if_empty(comm, call)) return;
   const std::vector<std::size_t> counts(n, in.size() / n);
   detail::all_to_all_run(comm, call, in.data(), out.data(), counts, counts, true);
 }

@@ -123,12 +123,12 @@ void automatic_setup(communicator<T>& comm) {
   auto& st = comm.automatic();
   if (st.ready) return;
   struct blob {
-    double alpha, beta, gamma, delta;
-    std::int32_t cores, ranks;
+    typename communicator<T>::automatic_state::numbers n;
     std::int8_t per[6];
     std::int8_t all;
     char source[256];
   } b{};
+  static_assert(std::is_trivially_copyable_v<blob>);
   // Every rank checks its own COLLX_ALGO (a misspelt value is an error wherever it is set);
   // a rank that fails here tells its peers, which are about to wait for it in the broadcast.
   algo_override o;
@@ -141,12 +141,7 @@ void automatic_setup(communicator<T>& comm) {
     comm.transport().abort(e.what());
     throw;
   }
-  b.alpha = p.alpha;
-  b.beta = p.beta;
-  b.gamma = p.gamma;
-  b.delta = p.delta;
-  b.cores = p.cores;
-  b.ranks = p.ranks;
+  b.n = {p.alpha, p.beta, p.gamma, p.delta, p.cores, p.ranks};
   std::copy(o.per.begin(), o.per.end(), b.per);
   b.all = o.all;
   std::snprintf(b.source, sizeof b.source, "%s", p.source.c_str());
@@ -156,12 +151,7 @@ void automatic_setup(communicator<T>& comm) {
     algo::binomial::broadcast(s, 0, comm.rank(), comm.size(), 0, {buf::out, 0, sizeof b});
     execute(comm, call, s, reinterpret_cast<const std::byte*>(&b), reinterpret_cast<std::byte*>(&b), no_op{});
   }
-  st.alpha = b.alpha;
-  st.beta = b.beta;
-  st.gamma = b.gamma;
-  st.delta = b.delta;
-  st.cores = b.cores;
-  st.ranks = b.ranks;
+  st.n = b.n;
   std::copy(std::begin(b.per), std::end(b.per), st.forced.begin());
   st.forced_all = b.all;
   st.source = std::string(b.source, strnlen(b.source, sizeof b.source));
@@ -194,19 +184,18 @@ algo::choice automatic_choice(communicator<T>& comm, algo::collective c, std::si
     const auto& d = st.decisions[(st.next + st.decisions.size() - 1 - i) % st.decisions.size()];  // newest first
     if (d.policy >= 0 && d.key == key) return algo::choice(d.policy);
   }
-  model::params p{st.alpha, st.beta, st.gamma, {}};
-  p.cores = st.cores;
-  p.ranks = st.ranks;
-  p.delta = st.delta;
+  const model::params p{st.n.alpha, st.n.beta, st.n.gamma, {}, st.n.cores, st.n.ranks, st.n.delta};
   const algo::choice best = model::best({c, n, count, elem, 0, commutative}, p);
   st.decisions[st.next++ % st.decisions.size()] = {key, std::int8_t(best)};
   return best;
 }
 
 /// Calls f with the concrete policy to run: algo itself, or automatic's choice. `count` is the
-/// collective's count argument (model::problem), E its element type.
+/// collective's count argument (model::problem), E its element type. A call with zero elements
+/// runs nothing (skip_if_empty).
 template <class Op, algo::collective C, class E, class Algo, class T, class F>
 void with_policy(const Algo& a, communicator<T>& comm, std::size_t count, call_info& call, F&& f) {
+  if (skip_if_empty(comm, call)) return;
   if constexpr (std::is_same_v<Algo, algo::automatic>) {
     constexpr bool commutative = is_commutative_v<Op>;
     auto run = [&](const auto& pol) {

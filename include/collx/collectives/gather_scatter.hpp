@@ -33,6 +33,7 @@ void gather(communicator<T>& comm, std::span<const std::type_identity_t<E>> in, 
   } else {
     s.send(root, {buf::in, 0, k});
   }
+  if (detail::skip_if_empty(comm, call)) return;
   detail::execute(comm, call, s, in.data(), out.data(), no_op{});
 }
 
@@ -56,6 +57,7 @@ void scatter(communicator<T>& comm, std::span<const std::type_identity_t<E>> in,
   } else {
     s.recv(root, {buf::out, 0, k});
   }
+  if (detail::skip_if_empty(comm, call)) return;
   detail::execute(comm, call, s, in.data(), out.data(), no_op{});
 }
 
