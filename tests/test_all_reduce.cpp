@@ -23,3 +23,16 @@ TEST_CASE("all_reduce with a small chunk pipelines the tree and ring chains", "[
     CHECK(run_all_reduce<float, collx::ops::sum>(n, 10007, true, collx::ops::sum{}, collx::algo::tree{.chunk_bytes = 100}) == "");
   }
 }
+
+TEMPLATE_TEST_CASE("a large all_reduce runs in segments and still equals the reference", "[all_reduce][segments]",
+                   collx::algo::ring, collx::algo::recursive_halving, collx::algo::automatic) {
+  // Past tuning::all_reduce_segment_from_bytes, with a partial last segment.
+  const std::size_t count = collx::algo::tuning::all_reduce_segment_from_bytes / 4 + 262147;
+  for (int n : {1, 3, 5}) {
+    CAPTURE(n);
+    CHECK(run_all_reduce<float, collx::ops::sum, TestType>(n, count, false) == "");
+    CHECK(run_all_reduce<float, collx::ops::avg, TestType>(n, count, true) == "");
+    CHECK(run_all_reduce<std::int32_t, collx::ops::max, TestType>(n, count, true) == "");
+  }
+  CHECK(run_all_reduce<float, collx::ops::sum, TestType, processes>(3, count, true) == "");
+}

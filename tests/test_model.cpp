@@ -104,6 +104,37 @@ TEMPLATE_TEST_CASE("the model's counts are what transport::counting records in a
       }
 }
 
+TEST_CASE("a large composed all_reduce runs in segments, and the model counts them", "[model][cost][segments]") {
+  // From tuning::all_reduce_segment_from_bytes on, reduce-scatter + all-gather run per segment of
+  // all_reduce_segment_bytes; a partial last segment; ring and recursive halving (also
+  // non-commutative).
+  const std::size_t seg = algo::tuning::all_reduce_segment_bytes / 4;
+  const std::size_t count = algo::tuning::all_reduce_segment_from_bytes / 4 + seg / 2 + 3;
+  const std::size_t segments = (count + seg - 1) / seg;
+  REQUIRE(algo::tuning::all_reduce_segment(count, 4) == seg);
+  REQUIRE(algo::tuning::all_reduce_segment(algo::tuning::all_reduce_segment_from_bytes / 4 - 1, 4) ==
+          algo::tuning::all_reduce_segment_from_bytes / 4 - 1);
+  for (int n : {2, 3, 5}) {
+    CAPTURE(n);
+    for (bool commutative : {true, false}) {
+      const model::problem pr{collective::all_reduce, n, count, 4, 0, commutative};
+      auto check = [&](const auto& a) {
+        CAPTURE(std::decay_t<decltype(a)>::name, commutative);
+        const model::cost m = model::analyse(model::schedules(a, pr), pr.elem);
+        const std::vector<traffic> t = measured(a, pr);
+        for (std::size_t r = 0; r < t.size(); ++r) CHECK(m.ranks[r] == t[r]);
+        return m;
+      };
+      if (commutative) {
+        const model::cost ring = check(algo::ring{});
+        CHECK(ring.steps == int(segments) * 2 * (n - 1));
+        for (const traffic& x : ring.ranks) CHECK(x.steps == segments * 2 * std::uint64_t(n - 1));
+      }
+      check(algo::recursive_halving{});
+    }
+  }
+}
+
 TEST_CASE("the textbook costs come out of the model's walk", "[model][cost]") {
   for (int n : {2, 3, 4, 5, 7, 8, 13, 16}) {
     CAPTURE(n);

@@ -72,6 +72,15 @@ TEMPLATE_TEST_CASE("a non-commutative op gives the rank-ordered product", "[user
     }
 }
 
+TEST_CASE("a large non-commutative all_reduce in segments keeps rank order", "[user_op][noncommutative][segments]") {
+  const std::size_t count = algo::tuning::all_reduce_segment_from_bytes / sizeof(mat2) + 4099;
+  for (int n : {3, 5}) {
+    CAPTURE(n);
+    CHECK(run_all_reduce<mat2, matmul, algo::recursive_halving>(n, count, false) == "");
+    CHECK(run_all_reduce<mat2, matmul, algo::recursive_halving>(n, count, true) == "");
+  }
+}
+
 TEST_CASE("recursive doubling all-reduces a non-commutative op in rank order", "[user_op][noncommutative]") {
   for (int n : rank_counts())
     for (std::size_t count : {std::size_t(0), std::size_t(1), std::size_t(n + 1), std::size_t(4099)}) {

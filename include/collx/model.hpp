@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "algo/automatic.hpp"
+#include "algo/compose.hpp"
 #include "algo/pairwise.hpp"
 #include "algo/recursive_doubling.hpp"
 #include "algo/recursive_halving.hpp"
@@ -170,9 +171,10 @@ inline int timeline(std::span<const schedule> all) {
 }
 
 /// Every rank's schedule for `pr`, built as the collectives build them (empty when the policy
-/// has none; empty schedules for zero elements, which the collectives return from at once). all_reduce by reduce-scatter + all-gather: the all-gather starts on the common
-/// timeline once the longest reduce-scatter has ended (the collective runs them one after the
-/// other); `ag_start`, when given, receives that step (-1 for a policy's own all_reduce).
+/// has none; empty schedules for zero elements, which the collectives return from at once).
+/// all_reduce by reduce-scatter + all-gather: the all-gather starts on the common timeline once
+/// the longest reduce-scatter has ended; `ag_start`, when given, receives that step for the
+/// first segment (-1 for a policy's own all_reduce).
 template <class A>
 std::vector<schedule> schedules(const A& a, const problem& pr, int* ag_start = nullptr) {
   std::vector<schedule> v;
@@ -184,32 +186,36 @@ std::vector<schedule> schedules(const A& a, const problem& pr, int* ag_start = n
   const auto un = std::size_t(n);
   std::vector<std::size_t> counts(un, k), offs(un);
   for (std::size_t i = 0; i < un; ++i) offs[i] = i * k;
-  // all_reduce as reduce-scatter + all-gather: every rank's reduce-scatter first, to know when
-  // the last one ends.
-  std::vector<schedule> rs;
-  int shift = 0;
-  if constexpr (!requires(const algo::ar_problem& p) { a.all_reduce(p); } &&
-                requires(const algo::rs_problem& p) { a.reduce_scatter(p); }) {
-    if (pr.coll == collective::all_reduce) {
-      const partition blocks(k, n);
-      for (int q = 0; q < n; ++q) rs.push_back(a.reduce_scatter({q, n, blocks, buf::in, buf::out, e, pr.commutative}));
-      // (A reduce-scatter may end with a step that only copies its result into place: it
-      // merges into the all-gather's first step and takes no slot of its own.)
-      shift = timeline(rs);
+  // all_reduce as reduce-scatter + all-gather (algo/compose.hpp), each segment's all-gather
+  // placed after every rank's reduce-scatter has ended (the collective runs them one after the
+  // other). Segments but the last are alike, so the placement is worked out once per length.
+  std::size_t placed = 0;
+  algo::segment_times place;
+  auto global = [&](std::size_t len, const schedule&, const schedule&) {
+    if constexpr (requires(const algo::rs_problem& p) { a.reduce_scatter(p); }) {
+      if (len != placed || place.next == 0) {
+        const partition blocks(len, n);
+        std::vector<schedule> rs, ag;
+        for (int q = 0; q < n; ++q) {
+          rs.push_back(a.reduce_scatter(algo::rs_problem{q, n, blocks, buf::in, buf::out, e, pr.commutative}));
+          ag.push_back(a.all_gather(algo::ag_problem{q, n, blocks, true, 0, e}));
+        }
+        // (A reduce-scatter may end with a step that only copies its result into place: it
+        // merges into the all-gather's first step and takes no slot of its own.)
+        place = {timeline(rs), timeline(rs) + timeline(ag)};
+        placed = len;
+        if (ag_start && *ag_start < 0) *ag_start = place.ag;
+      }
     }
-  }
+    return place;
+  };
   for (int r = 0; r < n; ++r) {
     switch (pr.coll) {
       case collective::all_reduce:
-        if constexpr (requires(const algo::ar_problem& p) { a.all_reduce(p); }) {
+        if constexpr (requires(const algo::ar_problem& p) { a.all_reduce(p); })
           v.push_back(a.all_reduce({r, n, k, e, pr.commutative, buf::in}));
-        } else if constexpr (requires(const algo::rs_problem& p) { a.reduce_scatter(p); }) {
-          const partition blocks(k, n);
-          schedule s = std::move(rs[std::size_t(r)]);
-          s.append(a.all_gather({r, n, blocks, true, 0, e}), shift);
-          if (ag_start) *ag_start = shift;
-          v.push_back(std::move(s));
-        }
+        else if constexpr (requires(const algo::rs_problem& p) { a.reduce_scatter(p); })
+          v.push_back(algo::composed_all_reduce(a, {r, n, k, e, pr.commutative, buf::in}, global));
         break;
       case collective::reduce_scatter:
         if constexpr (requires(const algo::rs_problem& p) { a.reduce_scatter(p); })

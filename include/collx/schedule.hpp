@@ -100,19 +100,25 @@ class schedule {
   /// Appends `other` after this schedule on the timeline.
   void append(const schedule& other) { append(other, steps_.empty() ? 0 : steps_.back().time + 1); }
 
-  /// Appends `other` with its times shifted by `shift` (which must place it after this schedule).
-  void append(const schedule& other, int shift) {
+  /// Appends `other` with its times shifted by `shift` (which must place it after this schedule)
+  /// and its in and out regions moved `offset` elements on (one segment of a larger buffer;
+  /// scratch stays where it is).
+  void append(const schedule& other, int shift, std::size_t offset = 0) {
+    auto at = [offset](region r) {
+      if (r.b == buf::in || r.b == buf::out) r.offset += offset;
+      return r;
+    };
     for (const step& st : other.steps_) {
       next_step(st.time + shift);
-      for (auto i = st.copies_begin; i < st.copies_end; ++i) copy(other.copies_[i].dst, other.copies_[i].src);
-      for (auto i = st.sends_begin; i < st.sends_end; ++i) send(other.sends_[i].peer, other.sends_[i].src);
+      for (auto i = st.copies_begin; i < st.copies_end; ++i) copy(at(other.copies_[i].dst), at(other.copies_[i].src));
+      for (auto i = st.sends_begin; i < st.sends_end; ++i) send(other.sends_[i].peer, at(other.sends_[i].src));
       for (auto i = st.recvs_begin; i < st.recvs_end; ++i) {
         const auto& r = other.recvs_[i];
-        recv(r.peer, r.dst, r.with, r.how);
+        recv(r.peer, at(r.dst), r.how == combine::copy ? r.with : at(r.with), r.how);
       }
     }
     need_tmp(other.tmp_);
-    finals_.insert(finals_.end(), other.finals_.begin(), other.finals_.end());
+    for (const region& r : other.finals_) finals_.push_back(at(r));
   }
 
   const std::vector<step>& steps() const noexcept { return steps_; }

@@ -1,9 +1,11 @@
 #pragma once
-// all_reduce is reduce_scatter followed by all_gather over the same blocks — no loop of its own.
+// all_reduce is reduce_scatter followed by all_gather over the same blocks — no loop of its own
+// (algo/compose.hpp builds the pair, in segments for large buffers).
 // A policy whose natural all-reduce is something else (tree: reduce + broadcast over a double
 // binary tree) supplies all_reduce() itself, and then that runs instead.
 #include "all_gather.hpp"
 #include "reduce_scatter.hpp"
+#include "../algo/compose.hpp"
 
 namespace collx {
 
@@ -25,9 +27,13 @@ void all_reduce_impl(communicator<T>& comm, call_info& call, const E* in, E* out
           });
       execute(comm, call, s, in, out, op);
     } else {
-      const partition blocks(count, comm.size());
-      reduce_scatter_blocks(comm, call, in, out, blocks, src, buf::out, op, pol);
-      all_gather_blocks(comm, call, out, out, blocks, true, pol);
+      using P = std::decay_t<decltype(pol)>;
+      static_assert(check_reducing<E, Op, P>());
+      const algo::ar_problem p{comm.rank(), comm.size(), count, sizeof(E), is_commutative_v<Op>, src};
+      const schedule& s = cached<P, algo::segment_times>(
+          comm, pol, {rank_and_size(p.rank, p.size), count, sizeof(E), p.commutative, std::uint64_t(src)},
+          [&] { return algo::composed_all_reduce(pol, p); });
+      execute(comm, call, s, in, out, op);
     }
   });
 }
