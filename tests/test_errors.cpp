@@ -51,6 +51,19 @@ TEST_CASE("a rank that never arrives makes the others time out, naming it", "[er
   CHECK(took < 5s);
 }
 
+TEST_CASE("a timeout message names the rank waited for, which launchers read back", "[errors][timeout]") {
+  collx::call_info c;
+  c.timeout = 2s;
+  c.rank = 3;
+  try {
+    c.timed_out(12, "its data");
+  } catch (const collx::error& e) {
+    CHECK(collx::call_info::waited_for(e.what()) == 12);
+  }
+  CHECK(collx::call_info::waited_for("rank 0 failed") == -1);
+  CHECK(collx::call_info::waited_for("x waiting for rank ") == -1);
+}
+
 TEST_CASE("COLLX_TIMEOUT_S sets the default timeout; a bad value is an error", "[errors][timeout]") {
   ::setenv("COLLX_TIMEOUT_S", "0.25", 1);
   CHECK(collx::options{}.timeout == 250ms);

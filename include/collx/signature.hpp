@@ -105,9 +105,23 @@ struct call_info {
   [[noreturn]] void fail(errc e, const std::string& what) const { throw error(e, prefix() + " " + what); }
 
   [[noreturn]] void timed_out(int peer, const char* waiting_for) const {
-    fail(errc::timeout, "timed out after " + detail::format_seconds(timeout) + " waiting for rank " +
+    fail(errc::timeout, "timed out after " + detail::format_seconds(timeout) + std::string(kWaitingFor) +
                             std::to_string(peer) + " (" + waiting_for + ")");
   }
+
+  /// The rank a timed_out() message names, or -1 (launchers follow chains of timeouts with it).
+  static int waited_for(const std::string& what) {
+    const auto at = what.find(kWaitingFor);
+    if (at == std::string::npos) return -1;
+    int r = 0;
+    bool any = false;
+    for (std::size_t i = at + std::strlen(kWaitingFor); i < what.size() && what[i] >= '0' && what[i] <= '9' && r < 1 << 24; ++i) {
+      r = r * 10 + (what[i] - '0');
+      any = true;
+    }
+    return any ? r : -1;
+  }
+  static constexpr const char* kWaitingFor = " waiting for rank ";
 
   /// Compares the signature and size of a message from `peer` with what this rank expects.
   void check_match(int peer, const call_signature& theirs, std::size_t their_bytes, std::size_t my_bytes) const {
