@@ -10,15 +10,19 @@ namespace collx::algo::tuning {
 /// still fills quickly (a 64 MiB chain over 8 ranks has 256 chunks for 7 hops).
 inline constexpr std::size_t pipeline_chunk_bytes = std::size_t(256) << 10;
 
-/// all_to_all with blocks of at most this many bytes runs every exchange in one step (see
-/// algo/pairwise.hpp): a rank then serves whichever peer is ready instead of waiting for the
-/// step's one partner to be scheduled. Medians of 5-9 alternating runs, time per call, one step
-/// vs N-1 steps (`collx-perf --op all_to_all --algo automatic -b 8K -e 8M -f 4`, old vs new
-/// binary): shm 4 processes on 2 cores 32 KiB total 9.5 vs 15.1 us, 512 KiB 88.7 vs 140.8,
-/// 8 MiB 1685 vs 1682; threads -np 8: 32 KiB 18.6 vs 56.1, 2 MiB 635 vs 839, 8 MiB even;
-/// tcp -np 4: 0.72-0.87x the time up to 512 KiB, even at 2-8 MiB. Beyond 1 MiB blocks the
-/// copies are DRAM-bound either way, and N-1 steps bound the memory a step pins.
-inline constexpr std::size_t a2a_one_step_bytes = std::size_t(1) << 20;
+/// all_to_all (and pairwise all_gather) with blocks of at most this many bytes runs every
+/// exchange in one step (see algo/pairwise.hpp): a rank then serves whichever peer is ready
+/// instead of waiting for the step's one partner to be scheduled. Medians of 5-9 alternating
+/// runs, time per call, one step vs N-1 steps (`collx-perf --op all_to_all --algo automatic -b 8K
+/// -e 8M -f 4`, old vs new binary): shm 4 processes on 2 cores 32 KiB total 9.5 vs 15.1 us,
+/// 512 KiB 88.7 vs 140.8; threads -np 8: 32 KiB 18.6 vs 56.1, 2 MiB 635 vs 839; tcp -np 4:
+/// 0.72-0.87x the time up to 512 KiB. Larger blocks (4 alternating runs, ranks pinned, `-b 2M
+/// -e 128M -f 4`, Open MPI in the same runs): shm -np 4 all_to_all 8 MiB 1517-1598 vs
+/// 1660-1743 us (Open MPI 1551-1641), 32 MiB 11.9-13.3 vs 12.5-13.7 ms, 128 MiB even;
+/// all_gather 32 MiB 9.0-10.0 vs 11.2-12.0 ms (Open MPI 10.0-11.6); threads -np 8 and tcp
+/// -np 4 at 8-128 MiB even within the noise. So one step up to 32 MiB blocks, the largest
+/// measured.
+inline constexpr std::size_t a2a_one_step_bytes = std::size_t(32) << 20;
 
 /// all_reduce composed as reduce-scatter + all-gather runs the pair per segment of this many
 /// bytes once the buffer reaches all_reduce_segment_from_bytes: the all-gather then reads blocks
