@@ -201,9 +201,24 @@ TEST_CASE("the model's choice follows from α, β, γ", "[model]") {
         model::choice::recursive_halving);
   CHECK(model::best(model::problem::of_bytes(collective::all_reduce, 6, std::size_t(256) << 20), p) ==
         model::choice::ring);
-  // With free steps, the ring wins at every size above a few elements; with free bytes, the
-  // fewest steps win at every size.
-  CHECK(model::best(model::problem::of_bytes(collective::all_reduce, 8, 4096), {0, 1e-10, 0, ""}) == model::choice::ring);
+  // With free steps, a bandwidth-optimal policy wins at every size above a few elements: at
+  // N = 6 the ring; at N = 8 the ring and recursive halving tie, and the tie goes to fewer steps
+  // (recursive halving's 2·log2 N). With free bytes, the fewest steps win at every size.
+  CHECK(model::best(model::problem::of_bytes(collective::all_reduce, 6, 4096), {0, 1e-10, 0, ""}) == model::choice::ring);
+  CHECK(model::best(model::problem::of_bytes(collective::all_reduce, 8, 4096), {0, 1e-10, 0, ""}) ==
+        model::choice::recursive_halving);
+  // A small broadcast over ranks sharing cores: the chain and the binomial tree are predicted
+  // alike (1.5 full steps each), and the tree's fewer steps win.
+  {
+    model::params q{8e-7, 1.65e-10, 7e-11, "test"};
+    q.cores = 2;
+    q.ranks = 4;
+    const model::problem bc{collective::broadcast, 4, 32, 4, 0, true};
+    const auto v = model::evaluate(bc, q);
+    REQUIRE(v.size() >= 2);
+    CHECK(std::abs(v[0].seconds - v[1].seconds) <= 1e-6 * v[0].seconds);
+    CHECK(model::best(bc, q) == model::choice::tree);
+  }
   CHECK(model::best(model::problem::of_bytes(collective::all_reduce, 8, std::size_t(64) << 20), {1e-6, 0, 0, ""}) ==
         model::choice::recursive_doubling);
   // A non-commutative op never gets the ring.
