@@ -89,8 +89,11 @@ struct shm_config {
   ///   of 512 KiB (128 KiB blocks), medians of 9 alternating runs,
   ///   `COLLX_SHM_SINGLE_COPY_BYTES=<65536|unset> collx-perf --transport shm -np 4 --op all_to_all
   ///   -b 8K -e 8M -f 4 -n 100`: 79.7 vs 126.5 us (Open MPI in the same runs: 87.1); 2-8 MiB
-  ///   even (DRAM-bound). From 64 KiB messages.
-  std::size_t single_copy_crowded_fan_bytes = std::size_t(64) << 10;
+  ///   even (DRAM-bound). With ranks pinned (launch_processes), 6 alternating runs, `-b 32K
+  ///   -e 512K -f 2 -n 300` with COLLX_SHM_SINGLE_COPY_BYTES=16384 against the channel: 32 KiB
+  ///   messages (128 KiB all_to_all) 22.6-23.7 vs 24.0-27.9 us (Open MPI 25.3-27.1); 16 KiB
+  ///   messages 18.3-19.4 vs 13.7-16.7, a loss. From 32 KiB messages.
+  std::size_t single_copy_crowded_fan_bytes = std::size_t(32) << 10;
   std::size_t single_copy_one_way_bytes = std::size_t(128) << 10;
   std::size_t single_copy_one_way_max_bytes = std::size_t(512) << 10;
   /// When set, every data-moving message of at least this many bytes goes single copy, and the
