@@ -30,7 +30,7 @@ void all_reduce_impl(communicator<T>& comm, call_info& call, const E* in, E* out
       using P = std::decay_t<decltype(pol)>;
       static_assert(check_reducing<E, Op, P>());
       const algo::ar_problem p{comm.rank(), comm.size(), count, sizeof(E), is_commutative_v<Op>, src};
-      const schedule& s = cached<P, algo::segment_times>(
+      const schedule& s = cached<P, algo::ar_problem>(
           comm, pol, {rank_and_size(p.rank, p.size), count, sizeof(E), p.commutative, std::uint64_t(src)},
           [&] { return algo::composed_all_reduce(pol, p); });
       execute(comm, call, s, in, out, op);

@@ -491,7 +491,7 @@ class shm {
   static std::uint64_t signature_hash(const call_signature& g) {
     std::uint64_t h = detail::fnv1a(std::string_view(g.collective, strnlen(g.collective, sizeof g.collective)));
     h = (h ^ detail::fnv1a(std::string_view(g.policy, strnlen(g.policy, sizeof g.policy)))) * 1099511628211ull;
-    for (std::uint64_t x : {g.seq, g.count, g.op_hash, std::uint64_t(g.elem_size), std::uint64_t(std::uint32_t(g.root))})
+    for (std::uint64_t x : {g.seq, g.empty_calls, g.count, g.op_hash, std::uint64_t(g.elem_size), std::uint64_t(std::uint32_t(g.root))})
       h = (h ^ x) * 1099511628211ull;
     return h;
   }
