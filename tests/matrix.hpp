@@ -3,6 +3,7 @@
 // policy over the rank counts and the core's counts, every dtype and op, uneven all_to_all_v.
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <numeric>
 
 #include "harness.hpp"
@@ -77,6 +78,38 @@ std::string run_all_to_all_v(int n) {
                         std::span<const std::size_t>{rc});
     note(compare(out, want));
   });
+}
+
+
+/// Ranks that call differently fail with errc::mismatch, both sides printed: different counts,
+/// and zero-element calls that differ (caught at the next call that communicates). `launch(n, f,
+/// options)` starts the ranks as processes over one transport.
+template <class Launch>
+void check_mismatches(Launch launch) {
+  collx::options o;
+  o.timeout = std::chrono::seconds(10);
+  try {
+    launch(3, [](auto& comm) {
+      std::vector<float> v(comm.rank() == 1 ? 12 : 10, 1.0f);
+      collx::all_reduce(comm, std::span{v}, collx::ops::sum{}, collx::algo::ring{});
+    }, o);
+    FAIL("no error");
+  } catch (const collx::error& e) {
+    CHECK(e.code() == collx::errc::mismatch);
+    CHECK_THAT(e.what(), Catch::Matchers::Contains("12 x 4 B") && Catch::Matchers::Contains("10 x 4 B"));
+  }
+  try {
+    launch(3, [](auto& comm) {
+      std::vector<float> none, v(10, 1.0f);
+      if (comm.rank() == 2) collx::broadcast(comm, std::span{none}, 1);
+      else collx::broadcast(comm, std::span{none}, 0);
+      collx::all_reduce(comm, std::span{v}, collx::ops::sum{}, collx::algo::ring{});
+    }, o);
+    FAIL("no error");
+  } catch (const collx::error& e) {
+    CHECK(e.code() == collx::errc::mismatch);
+    CHECK_THAT(e.what(), Catch::Matchers::Contains("different calls with zero elements"));
+  }
 }
 
 }  // namespace collx_test

@@ -152,32 +152,7 @@ TEST_CASE("over shm: a rank killed before everyone attached leaves /dev/shm clea
 }
 
 TEST_CASE("over shm: mismatched calls fail with errc::mismatch", "[shm][mismatch]") {
-  try {
-    collx::options o;
-    o.timeout = 10s;
-    collx::launch_processes(3, [](auto& comm) {
-      std::vector<float> v(comm.rank() == 1 ? 12 : 10, 1.0f);
-      collx::all_reduce(comm, std::span{v}, collx::ops::sum{}, algo::ring{});
-    }, o);
-    FAIL("no error");
-  } catch (const collx::error& e) {
-    CHECK(e.code() == collx::errc::mismatch);
-    CHECK_THAT(e.what(), Contains("12 x 4 B") && Contains("10 x 4 B"));
-  }
-  try {  // empty calls that differ, caught at the next call that communicates
-    collx::options o;
-    o.timeout = 10s;
-    collx::launch_processes(3, [](auto& comm) {
-      std::vector<float> none, v(10, 1.0f);
-      if (comm.rank() == 2) collx::broadcast(comm, std::span{none}, 1);
-      else collx::broadcast(comm, std::span{none}, 0);
-      collx::all_reduce(comm, std::span{v}, collx::ops::sum{}, algo::ring{});
-    }, o);
-    FAIL("no error");
-  } catch (const collx::error& e) {
-    CHECK(e.code() == collx::errc::mismatch);
-    CHECK_THAT(e.what(), Contains("different calls with zero elements"));
-  }
+  check_mismatches([](int n, auto f, const collx::options& o) { collx::launch_processes(n, f, o); });
 }
 
 TEST_CASE("shm::from_env reads torchrun's, mpirun's, srun's and PMI's variables", "[shm][env]") {
