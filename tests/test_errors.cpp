@@ -94,7 +94,11 @@ TEST_CASE("ranks that make different calls get errc::mismatch, with both sides p
   SECTION("different roots") {
     auto e = failure_of(3, [](auto& comm) {
       std::vector<int> v(8, 1);
-      collx::broadcast(comm, std::span{v}, comm.rank() == 2 ? 1 : 0, collx::algo::tree{});
+      // Rank 1 expects the tree of root 2 and waits for rank 2, while rank 0 (root 0) has
+      // already sent it a message: that message shows the mismatch whatever the timing. (Had
+      // rank 1 been expected by nobody, it could finish and leave first, and its peer would see
+      // a rank that left, peer_lost, before any mismatched message arrived.)
+      collx::broadcast(comm, std::span{v}, comm.rank() == 1 ? 2 : 0, collx::algo::tree{});
     });
     CHECK(e.code() == collx::errc::mismatch);
   }
