@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <limits>
 #include <thread>
 
 #include "harness.hpp"
@@ -174,40 +175,108 @@ TEST_CASE("ranks that make different calls get errc::mismatch, with both sides p
   }
 }
 
-TEST_CASE("bad arguments throw invalid_argument before anything is sent", "[errors][arguments]") {
-  collx::launch_threads(3, [](auto& comm) {
-    std::vector<float> a(12), b(5);
-    auto expect_invalid = [&](auto&& f, const char* what) {
-      try {
-        f();
-      } catch (const collx::error& e) {
-        if (e.code() == collx::errc::invalid_argument && std::string(e.what()).find(what) != std::string::npos) return;
-        throw;
-      }
-      throw std::runtime_error(std::string("no invalid_argument for: ") + what);
-    };
-    using namespace collx;
-    expect_invalid([&] { all_reduce(comm, std::span<const float>{a}, std::span{b}, ops::sum{}); }, "output has 5");
-    expect_invalid([&] { reduce_scatter(comm, std::span<const float>{b}, std::span{b}, ops::sum{}); }, "input has 5");
-    expect_invalid([&] { all_gather(comm, std::span<const float>{b}, std::span{a}); }, "output has 12");
-    expect_invalid([&] { broadcast(comm, std::span{a}, 3); }, "root 3 is out of range");
-    expect_invalid([&] { broadcast(comm, std::span{a}, -1); }, "root -1");
-    expect_invalid([&] { reduce(comm, std::span<const float>{a}, std::span{b}, ops::sum{}, 7); }, "root 7");
-    expect_invalid([&] { all_to_all(comm, std::span<const float>{b}, std::span{b}); }, "not a multiple");
-    expect_invalid([&] { all_reduce(comm, std::span<const float>{a.data(), 8}, std::span{a.data() + 4, 8}, ops::sum{}); },
-                   "overlap");
-    std::vector<std::size_t> c3{1, 1, 1}, c2{1, 1};
-    expect_invalid([&] { all_to_all_v(comm, std::span<const float>{b}, std::span<const std::size_t>{c3}, std::span{b},
-                                      std::span<const std::size_t>{c3}); },
-                   "add up to 3");
-    expect_invalid([&] { all_to_all_v(comm, std::span<const float>{b}, std::span<const std::size_t>{c2}, std::span{b},
-                                      std::span<const std::size_t>{c3}); },
-                   "one entry per rank");
-    expect_invalid([&] { send(comm, std::span<const float>{b}, comm.rank()); }, "is not another rank");
-    expect_invalid([&] { recv(comm, std::span{b}, 9); }, "is not another rank");
-    // The communicator still works after argument errors (nothing was sent).
-    collx::barrier(comm);
+TEST_CASE("bad arguments throw invalid_argument, naming what is wrong", "[errors][arguments]") {
+  using namespace collx;
+  // Each misuse on every rank of a fresh job (an argument error fails the communicator: see below).
+  auto expect_invalid = [](const char* what, auto&& f) {
+    CAPTURE(what);
+    std::string got;
+    try {
+      launch_threads(3, [&](auto& comm) { f(comm); }, quick(10s));
+    } catch (const collx::error& e) {
+      CHECK(e.code() == collx::errc::invalid_argument);
+      got = e.what();
+    }
+    CHECK_THAT(got, Contains(what));
+  };
+  std::vector<float> a(12), b(5);
+  std::vector<std::size_t> c3{1, 1, 1}, c2{1, 1};
+  expect_invalid("output has 5", [&](auto& comm) { all_reduce(comm, std::span<const float>{a}, std::span{b}, ops::sum{}); });
+  expect_invalid("input has 5", [&](auto& comm) { reduce_scatter(comm, std::span<const float>{b}, std::span{b}, ops::sum{}); });
+  expect_invalid("output has 12", [&](auto& comm) { all_gather(comm, std::span<const float>{b}, std::span{a}); });
+  expect_invalid("root 3 is out of range", [&](auto& comm) { broadcast(comm, std::span{a}, 3); });
+  expect_invalid("root -1", [&](auto& comm) { broadcast(comm, std::span{a}, -1); });
+  expect_invalid("root 7", [&](auto& comm) { reduce(comm, std::span<const float>{a}, std::span{b}, ops::sum{}, 7); });
+  expect_invalid("not a multiple", [&](auto& comm) { all_to_all(comm, std::span<const float>{b}, std::span{b}); });
+  expect_invalid("overlap", [&](auto& comm) {
+    std::vector<float> x(12);
+    all_reduce(comm, std::span<const float>{x.data(), 8}, std::span{x.data() + 4, 8}, ops::sum{});
   });
+  expect_invalid("add up to 3", [&](auto& comm) {
+    all_to_all_v(comm, std::span<const float>{b}, std::span<const std::size_t>{c3}, std::span{b}, std::span<const std::size_t>{c3});
+  });
+  expect_invalid("one entry per rank", [&](auto& comm) {
+    all_to_all_v(comm, std::span<const float>{b}, std::span<const std::size_t>{c2}, std::span{b}, std::span<const std::size_t>{c3});
+  });
+  expect_invalid("is not another rank", [&](auto& comm) { send(comm, std::span<const float>{b}, comm.rank()); });
+  expect_invalid("is not another rank", [&](auto& comm) { recv(comm, std::span{b}, 9); });
+}
+
+TEST_CASE("counts whose sum wraps around are refused, not copied out of bounds", "[errors][arguments][overflow]") {
+  // Each rank sends 1 element to itself and ~SIZE_MAX/2 to each of the two others: the sum wraps
+  // to 1 == the input's size (before the fix: accepted, then copies far out of bounds).
+  const std::size_t huge = (std::numeric_limits<std::size_t>::max() / 2) + 1;
+  std::string got;
+  try {
+    collx::launch_threads(3, [&](auto& comm) {
+      std::vector<int> in(1), out(1);
+      std::vector<std::size_t> sc(3, huge), rc(3, 0);
+      sc[std::size_t(comm.rank())] = 1;
+      rc[std::size_t(comm.rank())] = 1;
+      collx::all_to_all_v(comm, std::span<const int>{in}, std::span<const std::size_t>{sc}, std::span{out},
+                          std::span<const std::size_t>{rc});
+    }, quick(10s));
+  } catch (const collx::error& e) {
+    CHECK(e.code() == collx::errc::invalid_argument);
+    got = e.what();
+  }
+  CHECK_THAT(got, Contains("send_counts add up to more than") && Contains("overflow"));
+}
+
+namespace {
+/// One rank passes a bad argument, catches the error and goes on, while the others call
+/// correctly. Every rank must fail at once (not at its deadline): the peers with peer_lost and
+/// the reason, the bad rank's next call with peer_lost too (the communicator has failed), never
+/// a call numbered one off. Each rank checks what it saw and returns normally when it is right.
+template <class Launch>
+void check_argument_error_fails_everyone(Launch launch) {
+  const auto t0 = std::chrono::steady_clock::now();
+  launch(3, [&](auto& comm) {
+    std::vector<float> in(12, 1.0f), out(comm.rank() == 1 ? 5 : 12);
+    std::string saw;
+    try {
+      collx::all_reduce(comm, std::span<const float>{in}, std::span{out}, collx::ops::sum{}, collx::algo::ring{});
+      throw std::runtime_error("rank " + std::to_string(comm.rank()) + ": the all_reduce succeeded");
+    } catch (const collx::error& e) {
+      saw = e.what();
+      const auto want = comm.rank() == 1 ? collx::errc::invalid_argument : collx::errc::peer_lost;
+      if (e.code() != want || saw.find("the output has 5") == std::string::npos || saw.find("rank 1") == std::string::npos)
+        throw std::runtime_error("rank " + std::to_string(comm.rank()) + " saw: " + saw);
+    }
+    if (comm.rank() == 1) {  // it caught the error and goes on: the communicator is failed
+      try {
+        collx::barrier(comm);
+        throw std::runtime_error("rank 1: a barrier after the failure succeeded");
+      } catch (const collx::error& e) {
+        if (e.code() != collx::errc::peer_lost) throw std::runtime_error(std::string("rank 1's barrier: ") + e.what());
+      }
+    }
+  }, quick(60s));
+  CHECK(std::chrono::steady_clock::now() - t0 < 10s);  // at once, not after the 60 s deadline
+}
+}  // namespace
+
+TEST_CASE("a bad argument on one rank fails the call on every rank at once, with the reason", "[errors][arguments]") {
+  SECTION("threads") {
+    check_argument_error_fails_everyone([](int n, auto f, collx::options o) { collx::launch_threads(n, f, o); });
+  }
+  SECTION("processes over shm") {
+    check_argument_error_fails_everyone([](int n, auto f, collx::options o) { collx::launch_processes(n, f, o); });
+  }
+  SECTION("processes over tcp") {
+    check_argument_error_fails_everyone(
+        [](int n, auto f, collx::options o) { collx::launch_processes(n, f, o, collx::transport::tcp_config{}); });
+  }
 }
 
 TEST_CASE("a failed rank makes the others fail fast with peer_lost", "[errors][peer_lost]") {

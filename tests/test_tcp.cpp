@@ -120,6 +120,43 @@ TEST_CASE("over tcp: a file store works as the rendezvous, and every socket is c
   CHECK(open_fds() == before);
 }
 
+TEST_CASE("over tcp: a rerun after a crash starts clean, though the file store kept the crashed run's keys", "[tcp][faults][stale]") {
+  temp_dir d;
+  {  // what a crashed run of "threads-job" leaves: its token, its ranks' addresses, a count of ready ranks
+    collx::transport::file_store st(d.path);
+    st.set("threads-job/token", "a-token-of-the-crashed-run");
+    auto [l, at] = collx::transport::net::listen_on(collx::transport::net::resolve("127.0.0.1", 0));
+    st.set("threads-job/addr/0", at.str() + " elsewhere 0,");  // nobody answers there any more once l closes
+    st.set("threads-job/addr/1", at.str() + " elsewhere 0,");
+    st.add("threads-job/ready", 2);
+  }
+  // The rerun: ranks 1 and 2 start first and could read those keys; rank 0 comes 300 ms later.
+  collx::transport::tcp_config cfg;
+  cfg.store_path = d.path;
+  collx::options o;
+  o.timeout = 20s;
+  cfg.rendezvous_timeout = 20s;
+  std::vector<std::string> err(3);
+  std::vector<std::thread> ts;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int r : {1, 2, 0}) {
+    if (r == 0) std::this_thread::sleep_for(300ms);
+    ts.emplace_back([&, r] {
+      try {
+        collx::communicator<collx::transport::tcp> comm{collx::transport::tcp("threads-job", r, 3, cfg), o};
+        std::vector<int> v(100, 1);
+        collx::all_reduce(comm, std::span{v}, collx::ops::sum{});
+        if (v[99] != 3) err[std::size_t(r)] = "wrong sum";
+      } catch (const std::exception& e) {
+        err[std::size_t(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  for (auto& e : err) CHECK(e == "");
+  CHECK(std::chrono::steady_clock::now() - t0 < 10s);
+}
+
 TEST_CASE("over tcp: rendezvous names the ranks that did not show up", "[tcp][faults]") {
   temp_dir d;
   collx::transport::tcp_config cfg;
@@ -367,8 +404,8 @@ TEST_CASE("over tcp: garbage from an admitted peer is an error naming it, never 
     // A fake rank 1: publishes an address, connects with the right token, then sends junk.
     auto [l, at] = net::listen_on(net::resolve("127.0.0.1", 0));
     file_store st(d.path);
+    net::fd s = connect_to_rank(d.path, "garbage", 0);  // rank 0 has claimed the store by now
     st.set("garbage/addr/1", at.str() + " elsewhere 0,");
-    net::fd s = connect_to_rank(d.path, "garbage", 0);
     const auto h = make_hello(1, 2, "tok");
     REQUIRE(verdict_for(s, &h) == 0);
     tcp_wire::msg_header m;

@@ -10,9 +10,13 @@
 #include <vector>
 
 #include <array>
+#include <memory>
+#include <unordered_map>
 
 #include "concepts.hpp"
+#include "env.hpp"
 #include "error.hpp"
+#include "detail/schedule_cache.hpp"
 #include "schedule.hpp"
 
 namespace collx {
@@ -20,13 +24,7 @@ namespace collx {
 namespace detail {
 /// options::timeout's default: COLLX_TIMEOUT_S (seconds, may be fractional) or 300 s.
 inline std::chrono::nanoseconds default_timeout() {
-  const char* env = std::getenv("COLLX_TIMEOUT_S");
-  if (env == nullptr || *env == 0) return std::chrono::seconds(300);
-  char* end = nullptr;
-  const double s = std::strtod(env, &end);
-  if (end == env || *end != 0 || !(s > 0) || s > 1e9)
-    throw error(errc::invalid_argument, std::string("COLLX_TIMEOUT_S=\"") + env + "\" is not a positive number of seconds");
-  return std::chrono::nanoseconds(static_cast<std::int64_t>(s * 1e9));
+  return std::chrono::nanoseconds(static_cast<std::int64_t>(env_seconds("COLLX_TIMEOUT_S", 300) * 1e9));
 }
 }  // namespace detail
 
@@ -59,27 +57,15 @@ class communicator {
   std::uint64_t empty_calls() const noexcept { return empty_; }
   void set_empty_calls(std::uint64_t d) noexcept { empty_ = d; }
 
-  /// What identifies a schedule: the policy and problem types (kind) and the problem's values.
-  struct schedule_key {
-    const void* kind = nullptr;
-    std::array<std::uint64_t, 8> v{};
-    friend bool operator==(const schedule_key&, const schedule_key&) = default;
-  };
+  using schedule_key = detail::schedule_key;
 
-  /// Policies are pure functions of their problem, so a schedule built once serves every later
-  /// call of the same shape (a training loop's all-reduce, a benchmark): building it costs a
-  /// few allocations, ~100 ns, which is a third of a small all-reduce between processes.
+  /// The schedule of key k, from this communicator's cache (detail/schedule_cache.hpp), built by
+  /// build() when not there. The caller holds it for as long as it runs it.
   template <class Build>
-  const schedule& cached_schedule(const schedule_key& k, Build&& build) {
-    for (auto& e : cache_)
-      if (e.valid && e.key == k) return e.s;
-    auto& e = cache_[next_slot_++ % cache_.size()];
-    e.valid = false;
-    e.s = build();
-    e.key = k;
-    e.valid = true;
-    return e.s;
+  std::shared_ptr<const schedule> cached_schedule(const schedule_key& k, Build&& build) {
+    return cache_.get(k, std::forward<Build>(build));
   }
+  detail::schedule_cache& schedules() noexcept { return cache_; }
 
   /// algo::automatic's state for this communicator (collectives/common.hpp fills and reads it):
   /// the cost model's parameters and COLLX_ALGO's overrides as rank 0 has them (every rank then
@@ -95,12 +81,17 @@ class communicator {
     std::string source;
     std::array<std::int8_t, 6> forced{-1, -1, -1, -1, -1, -1};  // per algo::collective: a choice, -1, or -2 (the model)
     std::int8_t forced_all = -1;                                 // COLLX_ALGO's global policy, or -1
-    struct decision {
-      std::array<std::uint64_t, 4> key{};
-      std::int8_t policy = -1;
+    /// The model's choice per call shape (collective, commutativity, count, element size):
+    /// a training step's shapes are a few hundred at most; past kMaxDecisions they start over.
+    struct shape_hash {
+      std::size_t operator()(const std::array<std::uint64_t, 4>& k) const noexcept {
+        std::uint64_t h = 0x9e3779b97f4a7c15ull;
+        for (std::uint64_t x : k) h = (h ^ x) * 0x100000001b3ull + (h >> 31);
+        return std::size_t(h);
+      }
     };
-    std::array<decision, 64> decisions{};
-    std::size_t next = 0;
+    static constexpr std::size_t kMaxDecisions = std::size_t(1) << 16;
+    std::unordered_map<std::array<std::uint64_t, 4>, std::int8_t, shape_hash> decisions;
   };
   automatic_state& automatic() noexcept { return auto_; }
 
@@ -116,13 +107,7 @@ class communicator {
   std::uint64_t seq_ = 0;
   std::uint64_t empty_ = 0;
   automatic_state auto_;
-  struct cache_entry {
-    bool valid = false;
-    schedule_key key;
-    schedule s;
-  };
-  std::array<cache_entry, 8> cache_{};
-  std::size_t next_slot_ = 0;
+  detail::schedule_cache cache_;
   // aligned storage: max_align_t-sized elements
   struct alignas(64) line { std::byte b[64]; };
   struct bytes_vec {

@@ -73,10 +73,13 @@ bool may_progress(std::span<const Op> ops, const State& st, std::size_t i) {
 struct call_info;  // signature.hpp
 
 /// What a transport needs to run one step: the call (for matching and for error messages), how
-/// to reduce, and the deadline for each wait.
+/// to reduce, and the deadline for each wait (in the call). `synchronous`: a send is done only
+/// once its receiver has taken the message (point-to-point calls, collectives/p2p.hpp); else a
+/// transport may finish a send as soon as the message is on its way (buffered, eager).
 struct exchange_context {
   const call_info* call;
   combiner comb;
+  bool synchronous = false;
 };
 
 // ---- Transport ------------------------------------------------------------------------------

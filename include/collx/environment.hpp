@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "env.hpp"
 #include "error.hpp"
 
 namespace collx {
@@ -26,22 +27,6 @@ struct launch_info {
   int master_port = 0;
 };
 
-namespace detail {
-inline const char* env(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != 0 ? v : nullptr;
-}
-
-inline int env_int(const char* name, int lo, int hi) {
-  const char* v = env(name);
-  char* end = nullptr;
-  const long x = std::strtol(v, &end, 10);
-  if (end == v || *end != 0 || x < lo || x > hi)
-    throw error(errc::invalid_argument, std::string(name) + "=\"" + v + "\" is not an integer in [" + std::to_string(lo) +
-                                            ", " + std::to_string(hi) + "]");
-  return int(x);
-}
-}  // namespace detail
 
 /// Reads the launcher's variables. Throws errc::invalid_argument, naming the variables it looked
 /// for, when no launcher convention is present or a value is malformed.
@@ -83,9 +68,16 @@ inline launch_info launch_info_from_env() {
     li.job = "slurm-" + s(env("SLURM_JOB_ID")) + "." + (env("SLURM_STEP_ID") ? s(env("SLURM_STEP_ID")) : s("0"));
   else if (li.launcher == "pmi" && env("PMI_KVSNAME")) li.job = "pmi-" + s(env("PMI_KVSNAME"));
   else if (li.launcher == "pmi" && env("PMI_JOBID")) li.job = "pmi-" + s(env("PMI_JOBID"));
-  else if (env("TORCHELASTIC_RUN_ID")) li.job = "torch-" + s(env("TORCHELASTIC_RUN_ID"));
-  else if (!li.master_addr.empty() && li.master_port != 0)
-    li.job = "torch-" + li.master_addr + "-" + std::to_string(li.master_port);
+  else if (env("TORCHELASTIC_RUN_ID") || (!li.master_addr.empty() && li.master_port != 0)) {
+    // torchrun's run id defaults to "none" for every job, so the rendezvous address and port
+    // (one job at a time can serve there) are part of the name, and so is the restart count
+    // (an elastic restart is a new job with the same id). A rerun with the same variables
+    // reuses the name: shm and the file store recognise and replace what a crashed run left.
+    li.job = "torch";
+    if (env("TORCHELASTIC_RUN_ID")) li.job += "-" + s(env("TORCHELASTIC_RUN_ID"));
+    if (!li.master_addr.empty() && li.master_port != 0) li.job += "-" + li.master_addr + "-" + std::to_string(li.master_port);
+    if (env("TORCHELASTIC_RESTART_COUNT")) li.job += "-r" + s(env("TORCHELASTIC_RESTART_COUNT"));
+  }
   else
     throw error(errc::invalid_argument, "collx: found " + li.launcher +
                                             "'s rank and size but nothing that names the job; set COLLX_JOB "

@@ -17,10 +17,11 @@
 #include "schedule.hpp"
 #include "signature.hpp"
 
-/// Argument checks, done before anything is sent: the message is built only on failure.
-#define COLLX_REQUIRE(ok, call, what)                                  \
-  do {                                                                 \
-    if (!(ok)) (call).fail(::collx::errc::invalid_argument, (what));   \
+/// Argument checks, done before anything is sent: the message is built only on failure, and a
+/// failure fails the communicator for every rank (detail::fail_argument), as any other does.
+#define COLLX_REQUIRE(ok, comm, call, what)                               \
+  do {                                                                    \
+    if (!(ok)) ::collx::detail::fail_argument((comm), (call), (what));    \
   } while (0)
 
 namespace collx {
@@ -29,6 +30,33 @@ namespace collx {
 struct no_op {};
 
 namespace detail {
+
+/// A bad argument on this rank. The call has taken its sequence number, and its peers are about
+/// to wait for this rank in it, so it fails the communicator, as any failure does: the peers
+/// stop at once with errc::peer_lost and this reason, instead of waiting out their deadline or
+/// numbering every later call one off.
+template <class T>
+[[noreturn]] void fail_argument(communicator<T>& comm, const call_info& call, const std::string& what) {
+  const std::string msg = call.prefix() + " " + what;
+  comm.transport().abort(msg);
+  throw error(errc::invalid_argument, msg);
+}
+
+/// a + b, or an invalid_argument failure when it does not fit a size_t (sums of user counts).
+template <class T>
+std::size_t checked_add(communicator<T>& comm, const call_info& call, std::size_t a, std::size_t b, const char* what) {
+  std::size_t r = 0;
+  if (__builtin_add_overflow(a, b, &r)) fail_argument(comm, call, std::string(what) + " overflow a size_t");
+  return r;
+}
+
+/// a * b, likewise.
+template <class T>
+std::size_t checked_mul(communicator<T>& comm, const call_info& call, std::size_t a, std::size_t b, const char* what) {
+  std::size_t r = 0;
+  if (__builtin_mul_overflow(a, b, &r)) fail_argument(comm, call, std::string(what) + " overflow a size_t");
+  return r;
+}
 
 // Memory belongs to the transport: a transport whose buffers are not host memory (a CUDA one,
 // with its stream) supplies these three hooks and the executor uses them instead of the host
@@ -62,7 +90,7 @@ void execute(communicator<T>& comm, const call_info& call, const schedule& s, co
   combiner comb;
   if constexpr (!std::is_same_v<Op, no_op>) comb = make_combiner<E>(comm.transport(), op);
   comb.elem_size = sizeof(E);
-  const exchange_context ctx{&call, comb};
+  const exchange_context ctx{&call, comb, call.synchronous};
 
   thread_local std::vector<send_desc> sends;
   thread_local std::vector<recv_desc> recvs;
@@ -101,14 +129,24 @@ constexpr std::uint64_t rank_and_size(int rank, int size) { return std::uint64_t
 /// The cached schedule of `pol` for problem `p` (every field of p is a value the schedule
 /// depends on, listed by the caller in `values`), built by `build` when not cached.
 template <class Policy, class Problem, class T, class Build>
-const schedule& cached(communicator<T>& comm, const Policy& pol, std::initializer_list<std::uint64_t> values,
-                       Build&& build) {
+std::shared_ptr<const schedule> cached(communicator<T>& comm, const Policy& pol, std::initializer_list<std::uint64_t> values,
+                                       Build&& build) {
   typename communicator<T>::schedule_key k;
   k.kind = &schedule_kind<Policy, Problem>;
   std::size_t i = 0;
   if constexpr (requires { pol.chunk_bytes; }) k.v[i++] = pol.chunk_bytes;
   for (std::uint64_t x : values) k.v[i++] = x;  // at most 7 values: the key holds 8
-  return comm.cached_schedule(k, std::forward<Build>(build));
+  return comm.cached_schedule(k, [&] {
+    schedule s = build();
+    s.shrink();
+    return s;
+  });
+}
+
+/// avg's division over out[0, count), once every segment of an all_reduce has run.
+template <class E, class Op, class T>
+void finalize_all(communicator<T>& comm, E* out, std::size_t count) {
+  finalize<E, Op>(comm.transport(), out, count, comm.size());
 }
 
 /// Builds the call_info every collective starts with; the sequence number advances here.

@@ -9,7 +9,9 @@
 // and an element range in it, so a schedule is independent of the element type and of where the
 // memory lives (host or device: that is the transport's business).
 #include <algorithm>
+#include <climits>
 #include <cstddef>
+#include <stdexcept>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -68,7 +70,7 @@ class schedule {
       if (time >= 0) steps_.back().time = time;
       return;
     }
-    if (time < 0) time = steps_.empty() ? 0 : steps_.back().time + 1;
+    if (time < 0) time = steps_.empty() ? 0 : checked_next(steps_.back().time);
     const auto c = std::uint32_t(copies_.size()), s = std::uint32_t(sends_.size()), r = std::uint32_t(recvs_.size());
     steps_.push_back({time, c, c, s, s, r, r});
   }
@@ -79,16 +81,19 @@ class schedule {
   void copy(region dst, region src) {
     if (dst == src || dst.count == 0) return;
     ensure_step();
+    check_room(copies_.size());
     copies_.push_back({dst, src});
     steps_.back().copies_end = std::uint32_t(copies_.size());
   }
   void send(int peer, region src) {
     ensure_step();
+    check_room(sends_.size());
     sends_.push_back({peer, src});
     steps_.back().sends_end = std::uint32_t(sends_.size());
   }
   void recv(int peer, region dst, region with = {}, combine how = combine::copy) {
     ensure_step();
+    check_room(recvs_.size());
     recvs_.push_back({peer, dst, with, how});
     steps_.back().recvs_end = std::uint32_t(recvs_.size());
   }
@@ -127,12 +132,36 @@ class schedule {
   const std::vector<recv_op>& recvs() const noexcept { return recvs_; }
   const std::vector<region>& finals() const noexcept { return finals_; }
   std::size_t tmp_elems() const noexcept { return tmp_; }
+  /// The heap bytes this schedule holds (what a cache of schedules counts).
+  std::size_t memory_bytes() const noexcept {
+    return sizeof(*this) + steps_.capacity() * sizeof(step) + copies_.capacity() * sizeof(copy_op) +
+           sends_.capacity() * sizeof(send_op) + recvs_.capacity() * sizeof(recv_op) + finals_.capacity() * sizeof(region);
+  }
+  /// Releases the spare capacity of its arrays (a schedule about to be kept).
+  void shrink() {
+    steps_.shrink_to_fit();
+    copies_.shrink_to_fit();
+    sends_.shrink_to_fit();
+    recvs_.shrink_to_fit();
+    finals_.shrink_to_fit();
+  }
+
   /// Time of the last step + 1: this rank's length on the global timeline.
   int span() const noexcept { return steps_.empty() ? 0 : steps_.back().time + 1; }
 
  private:
   void ensure_step() {
     if (steps_.empty()) next_step(0);
+  }
+  // A schedule's steps index its operations with 32 bits and count time in an int: policies
+  // bound their schedules far below (tuning::max_pipeline_chunks, all_reduce's segments), and a
+  // schedule that would pass the bounds is an error, never a wrapped index.
+  static void check_room(std::size_t n) {
+    if (n >= std::size_t(UINT32_MAX)) throw std::length_error("collx: a schedule of more than 2^32 operations");
+  }
+  static int checked_next(int t) {
+    if (t == INT_MAX) throw std::length_error("collx: a schedule longer than 2^31 steps");
+    return t + 1;
   }
   std::vector<step> steps_;
   std::vector<copy_op> copies_;

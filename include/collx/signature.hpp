@@ -68,6 +68,15 @@ struct call_signature {
            std::strncmp(a.policy, b.policy, sizeof a.policy) == 0;
   }
 
+  /// A hash of every field that must match (the wire transports compare it first).
+  std::uint64_t hash() const noexcept {
+    std::uint64_t h = detail::fnv1a(std::string_view(collective, strnlen(collective, sizeof collective)));
+    h = (h ^ detail::fnv1a(std::string_view(policy, strnlen(policy, sizeof policy)))) * 1099511628211ull;
+    for (std::uint64_t x : {seq, empty_calls, count, op_hash, std::uint64_t(elem_size), std::uint64_t(std::uint32_t(root))})
+      h = (h ^ x) * 1099511628211ull;
+    return h;
+  }
+
   /// This call folded into a digest of zero-element calls (one that returned without exchanging).
   std::uint64_t fold_empty(std::uint64_t digest) const noexcept {
     auto mix = [&](std::uint64_t x) { digest = (digest ^ x) * 1099511628211ull; };
@@ -95,6 +104,8 @@ struct call_info {
   call_signature sig;
   int rank = 0;
   std::chrono::nanoseconds timeout{};
+  /// Sends complete only once their receivers have taken them (point to point: collectives/p2p.hpp).
+  bool synchronous = false;
 
   /// "all_reduce #42 (ring): rank 3"
   std::string prefix() const {

@@ -18,6 +18,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       if (d.empty()) std::abort();
       if (h->kind == w::msg_kind::abort && h->bytes > w::kMaxAbortReason) std::abort();
       if (h->kind == w::msg_kind::bye && h->bytes != 0) std::abort();
+      if (h->kind == w::msg_kind::cts && h->bytes != 0) std::abort();
       collx::call_info me;
       try {
         me.check_match(1, h->sig, std::size_t(h->bytes), 64);

@@ -50,6 +50,16 @@ schedule composed_all_reduce(const A& a, const ar_problem& p, Times&& times) {
   return s;
 }
 
+/// One segment of `p.count` elements on its own (no avg division): what the collective runs
+/// per segment, on that segment's part of the buffer.
+template <class A>
+schedule composed_segment(const A& a, const ar_problem& p) {
+  const partition blocks(p.count, p.size);
+  schedule s = a.reduce_scatter(rs_problem{p.rank, p.size, blocks, p.src, buf::out, p.elem_size, p.commutative});
+  s.append(a.all_gather(ag_problem{p.rank, p.size, blocks, true, 0, p.elem_size}), s.span());
+  return s;
+}
+
 /// The same, each segment placed by this rank's own spans.
 template <class A>
 schedule composed_all_reduce(const A& a, const ar_problem& p) {

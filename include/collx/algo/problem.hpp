@@ -5,6 +5,7 @@
 
 #include "../partition.hpp"
 #include "../schedule.hpp"
+#include "tuning.hpp"
 
 namespace collx::algo {
 
@@ -82,11 +83,13 @@ struct ar_problem {
 };
 
 /// Splits `count` elements into pieces of at most chunk_bytes (at least one piece, so that even an
-/// empty buffer sends its messages and mismatches are still detected).
+/// empty buffer sends its messages and mismatches are still detected), and at most
+/// tuning::max_pipeline_chunks pieces: a small chunk_bytes on a large buffer makes larger pieces
+/// instead of a schedule with billions of steps (or a negative count of them).
 inline partition chunks(std::size_t count, std::size_t elem_size, std::size_t chunk_bytes) {
   const std::size_t per = std::max<std::size_t>(1, chunk_bytes / std::max<std::size_t>(1, elem_size));
-  const std::size_t c = std::max<std::size_t>(1, (count + per - 1) / per);
-  return {count, int(c)};
+  const std::size_t c = std::max<std::size_t>(1, count / per + (count % per != 0));
+  return {count, int(std::min<std::size_t>(c, tuning::max_pipeline_chunks))};
 }
 
 }  // namespace collx::algo

@@ -10,6 +10,11 @@ namespace collx::algo::tuning {
 /// still fills quickly (a 64 MiB chain over 8 ranks has 256 chunks for 7 hops).
 inline constexpr std::size_t pipeline_chunk_bytes = std::size_t(256) << 10;
 
+/// The most chunks a pipelined schedule (chain, double binary tree) cuts a buffer into: a
+/// chunk_bytes too small for the buffer gets larger chunks instead. 65536 chunks of the default
+/// 256 KiB are 16 GiB; a schedule of that many steps is ~10 MB, built in ~10 ms.
+inline constexpr std::size_t max_pipeline_chunks = std::size_t(1) << 16;
+
 /// all_to_all (and pairwise all_gather) with blocks of at most this many bytes runs every
 /// exchange in one step (see algo/pairwise.hpp): a rank then serves whichever peer is ready
 /// instead of waiting for the step's one partner to be scheduled. Medians of 5-9 alternating

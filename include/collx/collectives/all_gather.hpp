@@ -13,27 +13,31 @@ void all_gather_blocks(communicator<T>& comm, const call_info& call, const E* in
   static_assert(requires(const algo::ag_problem& p) { a.all_gather(p); },
                 "collx: this policy has no all_gather schedule (ring, tree and recursive_halving have one)");
   const algo::ag_problem p{comm.rank(), comm.size(), blocks, in_place, 0, sizeof(E)};
-  const schedule& s = cached<Algo, algo::ag_problem>(
+  const auto s = cached<Algo, algo::ag_problem>(
       comm, a, {rank_and_size(p.rank, p.size), blocks.total, in_place, sizeof(E)}, [&] { return a.all_gather(p); });
-  execute(comm, call, s, in, out, no_op{});
+  execute(comm, call, *s, in, out, no_op{});
 }
 }  // namespace detail
 
 /// All-gather: every rank contributes k elements; every rank receives all n·k, in rank order.
+/// In place when `in` is this rank's block of `out` (in.data() == out.data() + rank·k, as NCCL
+/// defines it): the block is already where it belongs.
 template <class T, class E, class Algo = algo::automatic>
 void all_gather(communicator<T>& comm, std::span<const std::type_identity_t<E>> in, std::span<E> out, Algo a = {}) {
   static_assert(std::is_trivially_copyable_v<E>, "collx: element types must be trivially copyable");
   static_assert(check_policy<Algo>());
   auto call = detail::make_call<E, no_op>(comm, "all_gather", Algo::name, in.size());
   const auto n = std::size_t(comm.size());
-  COLLX_REQUIRE(out.size() == n * in.size(), call,
+  COLLX_REQUIRE(out.size() / n == in.size() && out.size() % n == 0, comm, call,
                   "the output has " + detail::n_elems(out.size()) + " but must have size x input = " +
                       std::to_string(n) + " x " + std::to_string(in.size()));
-  COLLX_REQUIRE(!detail::partially_overlap(in, out), call, "the input and output overlap");
+  const bool in_place = !in.empty() && in.data() == out.data() + std::size_t(comm.rank()) * in.size();
+  COLLX_REQUIRE(in_place || !detail::partially_overlap(in, out), comm, call,
+                  "the input and output overlap (in place, the input is this rank's block of the output)");
   detail::with_policy<ops::sum, algo::collective::all_gather, E>(a, comm, in.size(), call,
                                 [&](const auto& pol) {
                                   detail::all_gather_blocks(comm, call, in.data(), out.data(),
-                                                            partition(out.size(), comm.size()), false, pol);
+                                                            partition(out.size(), comm.size()), in_place, pol);
                                 });
 }
 

@@ -15,25 +15,35 @@ void all_reduce_impl(communicator<T>& comm, call_info& call, const E* in, E* out
                      Algo a) {
   const buf src = in == out ? buf::out : buf::in;
   with_policy<Op, algo::collective::all_reduce, E>(a, comm, count, call, [&](const auto& pol) {
-    if constexpr (requires(const algo::ar_problem& p) { pol.all_reduce(p); }) {
-      using P = std::decay_t<decltype(pol)>;
-      static_assert(check_reducing<E, Op, P>());
-      const algo::ar_problem p{comm.rank(), comm.size(), count, sizeof(E), is_commutative_v<Op>, src};
-      const schedule& s = cached<P, algo::ar_problem>(
+    using P = std::decay_t<decltype(pol)>;
+    static_assert(check_reducing<E, Op, P>());
+    const algo::ar_problem p{comm.rank(), comm.size(), count, sizeof(E), is_commutative_v<Op>, src};
+    if constexpr (requires(const algo::ar_problem& q) { pol.all_reduce(q); }) {
+      const auto s = cached<P, algo::ar_problem>(
           comm, pol, {rank_and_size(p.rank, p.size), count, sizeof(E), p.commutative, std::uint64_t(src)}, [&] {
             schedule x = pol.all_reduce(p);
             x.finalize({buf::out, 0, count});
             return x;
           });
-      execute(comm, call, s, in, out, op);
+      execute(comm, call, *s, in, out, op);
     } else {
-      using P = std::decay_t<decltype(pol)>;
-      static_assert(check_reducing<E, Op, P>());
-      const algo::ar_problem p{comm.rank(), comm.size(), count, sizeof(E), is_commutative_v<Op>, src};
-      const schedule& s = cached<P, algo::ar_problem>(
-          comm, pol, {rank_and_size(p.rank, p.size), count, sizeof(E), p.commutative, std::uint64_t(src)},
-          [&] { return algo::composed_all_reduce(pol, p); });
-      execute(comm, call, s, in, out, op);
+      // Reduce-scatter + all-gather, per segment for a large buffer (algo/compose.hpp): every
+      // segment but the last has the same schedule, so two are built, and each segment runs
+      // as its own schedule on its part of the buffer; avg divides once, at the end.
+      const std::size_t seg = algo::tuning::all_reduce_segment(count, sizeof(E));
+      auto segment = [&](std::size_t len) {
+        const algo::ar_problem q{p.rank, p.size, len, p.elem_size, p.commutative, src};
+        return cached<P, algo::ar_problem>(comm, pol,
+                                           {rank_and_size(q.rank, q.size), len, sizeof(E), q.commutative, std::uint64_t(src), 1},
+                                           [&] { return algo::composed_segment(pol, q); });
+      };
+      const auto full = segment(std::min(seg, count));
+      for (std::size_t off = 0; off < count; off += seg) {
+        const std::size_t len = std::min(seg, count - off);
+        if (len == std::min(seg, count)) execute(comm, call, *full, in + off, out + off, op);
+        else execute(comm, call, *segment(len), in + off, out + off, op);
+      }
+      if constexpr (has_finalize_v<Op, E>) finalize_all<E, Op>(comm, out, count);
     }
   });
 }
@@ -45,9 +55,9 @@ void all_reduce(communicator<T>& comm, std::span<const std::type_identity_t<E>> 
                 Algo a = {}) {
   static_assert(detail::check_reducing<E, Op, Algo>());
   auto call = detail::make_call<E, Op>(comm, "all_reduce", Algo::name, in.size());
-  COLLX_REQUIRE(out.size() == in.size(), call,
+  COLLX_REQUIRE(out.size() == in.size(), comm, call,
                   "the output has " + detail::n_elems(out.size()) + " but the input has " + std::to_string(in.size()));
-  COLLX_REQUIRE(!detail::partially_overlap(in, out), call, "the input and output overlap");
+  COLLX_REQUIRE(!detail::partially_overlap(in, out), comm, call, "the input and output overlap");
   detail::all_reduce_impl(comm, call, in.data(), out.data(), in.size(), op, a);
 }
 

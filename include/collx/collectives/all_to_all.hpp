@@ -36,11 +36,11 @@ void all_to_all(communicator<T>& comm, std::span<const std::type_identity_t<E>> 
   static_assert(detail::check_a2a_policy<Algo>());
   auto call = detail::make_call<E, no_op>(comm, "all_to_all", algo::pairwise::name, in.size());
   const auto n = std::size_t(comm.size());
-  COLLX_REQUIRE(in.size() % n == 0, call,
+  COLLX_REQUIRE(in.size() % n == 0, comm, call,
                   "the input has " + detail::n_elems(in.size()) + ", not a multiple of the " + std::to_string(n) + " ranks");
-  COLLX_REQUIRE(out.size() == in.size(), call,
+  COLLX_REQUIRE(out.size() == in.size(), comm, call,
                   "the output has " + detail::n_elems(out.size()) + " but the input has " + std::to_string(in.size()));
-  COLLX_REQUIRE(!detail::partially_overlap(in, out) && !(in.data() == out.data() && !in.empty()), call,
+  COLLX_REQUIRE(!detail::partially_overlap(in, out) && !(in.data() == out.data() && !in.empty()), comm, call,
                   "the input and output overlap (all_to_all has no in-place form)");
   if (detail::skip_if_empty(comm, call)) return;
   const std::vector<std::size_t> counts(n, in.size() / n);
@@ -58,16 +58,18 @@ void all_to_all_v(communicator<T>& comm, std::span<const std::type_identity_t<E>
   static_assert(std::is_trivially_copyable_v<E>, "collx: element types must be trivially copyable");
   auto call = detail::make_call<E, no_op>(comm, "all_to_all_v", algo::pairwise::name, 0);
   const auto n = std::size_t(comm.size());
-  COLLX_REQUIRE(send_counts.size() == n && recv_counts.size() == n, call,
+  COLLX_REQUIRE(send_counts.size() == n && recv_counts.size() == n, comm, call,
                   "send_counts and recv_counts need one entry per rank (" + std::to_string(n) + "), got " +
                       std::to_string(send_counts.size()) + " and " + std::to_string(recv_counts.size()));
-  const std::size_t ns = std::accumulate(send_counts.begin(), send_counts.end(), std::size_t(0));
-  const std::size_t nr = std::accumulate(recv_counts.begin(), recv_counts.end(), std::size_t(0));
-  COLLX_REQUIRE(ns == in.size(), call,
+  // Sums that wrap could equal the spans' sizes and send the copies out of bounds: checked.
+  std::size_t ns = 0, nr = 0;
+  for (std::size_t x : send_counts) ns = detail::checked_add(comm, call, ns, x, "send_counts add up to more than");
+  for (std::size_t x : recv_counts) nr = detail::checked_add(comm, call, nr, x, "recv_counts add up to more than");
+  COLLX_REQUIRE(ns == in.size(), comm, call,
                   "send_counts add up to " + std::to_string(ns) + " but the input has " + detail::n_elems(in.size()));
-  COLLX_REQUIRE(nr == out.size(), call,
+  COLLX_REQUIRE(nr == out.size(), comm, call,
                   "recv_counts add up to " + std::to_string(nr) + " but the output has " + detail::n_elems(out.size()));
-  COLLX_REQUIRE(!detail::partially_overlap(in, out) && !(in.data() == out.data() && !in.empty()), call,
+  COLLX_REQUIRE(!detail::partially_overlap(in, out) && !(in.data() == out.data() && !in.empty()), comm, call,
                   "the input and output overlap (all_to_all_v has no in-place form)");
   detail::all_to_all_run(comm, call, in.data(), out.data(), send_counts, recv_counts, false);
 }

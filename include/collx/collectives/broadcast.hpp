@@ -9,16 +9,16 @@ void broadcast(communicator<T>& comm, std::span<E> buf, int root, Algo a = {}) {
   static_assert(std::is_trivially_copyable_v<E>, "collx: element types must be trivially copyable");
   static_assert(check_policy<Algo>());
   auto call = detail::make_call<E, no_op>(comm, "broadcast", Algo::name, buf.size(), root);
-  COLLX_REQUIRE(root >= 0 && root < comm.size(), call,
+  COLLX_REQUIRE(root >= 0 && root < comm.size(), comm, call,
                   "root " + std::to_string(root) + " is out of range [0, " + std::to_string(comm.size()) + ")");
   detail::with_policy<ops::sum, algo::collective::broadcast, E>(a, comm, buf.size(), call, [&](const auto& pol) {
     static_assert(requires(const algo::bcast_problem& p) { pol.broadcast(p); },
                   "collx: this policy has no broadcast schedule (ring, tree and recursive_halving have one)");
     const algo::bcast_problem p{comm.rank(), comm.size(), root, buf.size(), sizeof(E)};
-    const schedule& s = detail::cached<std::decay_t<decltype(pol)>, algo::bcast_problem>(
+    const auto s = detail::cached<std::decay_t<decltype(pol)>, algo::bcast_problem>(
         comm, pol, {detail::rank_and_size(p.rank, p.size), std::uint64_t(root), buf.size(), sizeof(E)},
         [&] { return pol.broadcast(p); });
-    detail::execute(comm, call, s, static_cast<const E*>(buf.data()), buf.data(), no_op{});
+    detail::execute(comm, call, *s, static_cast<const E*>(buf.data()), buf.data(), no_op{});
   });
 }
 

@@ -131,12 +131,13 @@ void automatic_setup(communicator<T>& comm) {
   static_assert(std::is_trivially_copyable_v<blob>);
   // Every rank checks its own COLLX_ALGO (a misspelt value is an error wherever it is set);
   // a rank that fails here tells its peers, which are about to wait for it in the broadcast.
+  // Only rank 0 reads the calibration files: the others take its numbers anyway, and a
+  // thousand ranks reading $HOME at once is a storm on a shared file system.
   algo_override o;
   model::params p;
   try {
-    const char* env = std::getenv("COLLX_ALGO");
-    o = parse_algo_override(env != nullptr ? env : "");
-    p = model::params_for(transport_kind(comm.transport()), comm.size());
+    o = parse_algo_override(env_string("COLLX_ALGO"));
+    if (comm.rank() == 0) p = model::params_for(transport_kind(comm.transport()), comm.size());
   } catch (const std::exception& e) {
     comm.transport().abort(e.what());
     throw;
@@ -180,13 +181,11 @@ algo::choice automatic_choice(communicator<T>& comm, algo::collective c, std::si
   if (f != algo_override::kModel && st.forced_all >= 0 && model::supports(algo::choice(st.forced_all), c, commutative))
     return algo::choice(st.forced_all);
   const std::array<std::uint64_t, 4> key{std::uint64_t(c) | std::uint64_t(commutative) << 8, count, elem, std::uint64_t(n)};
-  for (std::size_t i = 0; i < st.decisions.size(); ++i) {
-    const auto& d = st.decisions[(st.next + st.decisions.size() - 1 - i) % st.decisions.size()];  // newest first
-    if (d.policy >= 0 && d.key == key) return algo::choice(d.policy);
-  }
+  if (auto it = st.decisions.find(key); it != st.decisions.end()) return algo::choice(it->second);
   const model::params p{st.n.alpha, st.n.beta, st.n.gamma, {}, st.n.cores, st.n.ranks, st.n.delta};
   const algo::choice best = model::best({c, n, count, elem, 0, commutative}, p);
-  st.decisions[st.next++ % st.decisions.size()] = {key, std::int8_t(best)};
+  if (st.decisions.size() >= st.kMaxDecisions) st.decisions.clear();
+  st.decisions.emplace(key, std::int8_t(best));
   return best;
 }
 

@@ -7,8 +7,10 @@
 namespace collx {
 
 namespace detail {
-inline void check_root(int root, int n, const call_info& call) {
-  COLLX_REQUIRE(root >= 0 && root < n, call, "root " + std::to_string(root) + " is out of range [0, " + std::to_string(n) + ")");
+template <class T>
+void check_root(communicator<T>& comm, int root, const call_info& call) {
+  COLLX_REQUIRE(root >= 0 && root < comm.size(), comm, call,
+                "root " + std::to_string(root) + " is out of range [0, " + std::to_string(comm.size()) + ")");
 }
 }  // namespace detail
 
@@ -18,15 +20,15 @@ template <class T, class E>
 void gather(communicator<T>& comm, std::span<const std::type_identity_t<E>> in, std::span<E> out, int root) {
   static_assert(std::is_trivially_copyable_v<E>, "collx: element types must be trivially copyable");
   auto call = detail::make_call<E, no_op>(comm, "gather", "direct", in.size(), root);
-  detail::check_root(root, comm.size(), call);
+  detail::check_root(comm, root, call);
   const int n = comm.size(), r = comm.rank();
   const std::size_t k = in.size();
   schedule s;
   if (r == root) {
-    COLLX_REQUIRE(out.size() == std::size_t(n) * k, call,
+    COLLX_REQUIRE(out.size() == detail::checked_mul(comm, call, std::size_t(n), k, "size x input"), comm, call,
                     "the output at the root has " + detail::n_elems(out.size()) + " but must have size x input = " +
                         std::to_string(n) + " x " + std::to_string(k));
-    COLLX_REQUIRE(!detail::partially_overlap(in, out), call, "the input and output overlap");
+    COLLX_REQUIRE(!detail::partially_overlap(in, out), comm, call, "the input and output overlap");
     s.copy({buf::out, std::size_t(r) * k, k}, {buf::in, 0, k});
     for (int i = 0; i < n; ++i)
       if (i != r) s.recv(i, {buf::out, std::size_t(i) * k, k});
@@ -42,15 +44,15 @@ template <class T, class E>
 void scatter(communicator<T>& comm, std::span<const std::type_identity_t<E>> in, std::span<E> out, int root) {
   static_assert(std::is_trivially_copyable_v<E>, "collx: element types must be trivially copyable");
   auto call = detail::make_call<E, no_op>(comm, "scatter", "direct", out.size(), root);
-  detail::check_root(root, comm.size(), call);
+  detail::check_root(comm, root, call);
   const int n = comm.size(), r = comm.rank();
   const std::size_t k = out.size();
   schedule s;
   if (r == root) {
-    COLLX_REQUIRE(in.size() == std::size_t(n) * k, call,
+    COLLX_REQUIRE(in.size() == detail::checked_mul(comm, call, std::size_t(n), k, "size x output"), comm, call,
                     "the input at the root has " + detail::n_elems(in.size()) + " but must have size x output = " +
                         std::to_string(n) + " x " + std::to_string(k));
-    COLLX_REQUIRE(!detail::partially_overlap(in, out), call, "the input and output overlap");
+    COLLX_REQUIRE(!detail::partially_overlap(in, out), comm, call, "the input and output overlap");
     s.copy({buf::out, 0, k}, {buf::in, std::size_t(r) * k, k});
     for (int i = 0; i < n; ++i)
       if (i != r) s.send(i, {buf::in, std::size_t(i) * k, k});

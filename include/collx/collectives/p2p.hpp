@@ -1,32 +1,48 @@
 #pragma once
-// send / recv: point to point, for pipelines. A send completes when the receiver has taken the
-// data (rendezvous), so the buffer may be reused on return. The receiver must expect exactly
-// the sender's element count and size (errc::mismatch otherwise). Point-to-point calls do not
-// advance the collective sequence number: they are not collective.
+// send / recv / sendrecv: point to point, for pipelines.
+//
+// The rule, the same on every transport and at every size: a send returns once its receiver has
+// called the matching recv (synchronous, as MPI_Ssend; NCCL's send blocks the same way). So the
+// buffer may be reused on return, and two ranks that send to each other at once wait for each
+// other, whatever the size: each gets errc::timeout at its deadline, naming the other, instead
+// of a program that works for small messages and hangs for large ones. An exchange between two
+// ranks is one sendrecv (both directions in one step), or a send on one side and a recv first
+// on the other.
+//
+// The receiver must expect exactly the sender's byte count and element size (errc::mismatch
+// otherwise). Point-to-point calls do not advance the collective sequence number: they are not
+// collective. Zero elements still make a (empty) message, so the rule holds for them too.
 #include "common.hpp"
 
 namespace collx {
 
 namespace detail {
 template <class E, class T>
-call_info p2p_call(communicator<T>& comm, std::size_t count, int peer, const char* what) {
+call_info p2p_call(communicator<T>& comm) {
   call_info c;
   set_name(c.sig.collective, "send/recv");
   set_name(c.sig.policy, "direct");
-  c.sig.count = count;
+  c.sig.count = 0;  // the receiver checks the byte count of each message instead (a sendrecv's two may differ)
   c.sig.elem_size = std::uint32_t(sizeof(E));
   c.rank = comm.rank();
   c.timeout = comm.opts().timeout;
-  COLLX_REQUIRE(peer >= 0 && peer < comm.size() && peer != comm.rank(), c,
-          std::string(what) + ": peer " + std::to_string(peer) + " is not another rank of [0, " +
-              std::to_string(comm.size()) + ")");
+  c.synchronous = true;
   return c;
+}
+
+template <class T>
+void check_peer(communicator<T>& comm, const call_info& c, int peer, const char* what) {
+  COLLX_REQUIRE(peer >= 0 && peer < comm.size() && peer != comm.rank(), comm, c,
+                std::string(what) + ": peer " + std::to_string(peer) + " is not another rank of [0, " +
+                    std::to_string(comm.size()) + ")");
 }
 }  // namespace detail
 
+/// Sends `data` to rank `peer`; returns once `peer` has called the matching recv.
 template <class T, class E>
 void send(communicator<T>& comm, std::span<const E> data, int peer) {
-  const call_info call = detail::p2p_call<E>(comm, data.size(), peer, "send");
+  const call_info call = detail::p2p_call<E>(comm);
+  detail::check_peer(comm, call, peer, "send");
   schedule s;
   s.send(peer, {buf::in, 0, data.size()});
   detail::execute(comm, call, s, data.data(), static_cast<E*>(nullptr), no_op{});
@@ -37,12 +53,30 @@ void send(communicator<T>& comm, std::span<E> data, int peer) {
   send(comm, std::span<const E>(data), peer);
 }
 
+/// Receives `data.size()` elements from rank `peer`.
 template <class T, class E>
 void recv(communicator<T>& comm, std::span<E> data, int peer) {
-  const call_info call = detail::p2p_call<E>(comm, data.size(), peer, "recv");
+  const call_info call = detail::p2p_call<E>(comm);
+  detail::check_peer(comm, call, peer, "recv");
   schedule s;
   s.recv(peer, {buf::out, 0, data.size()});
   detail::execute(comm, call, s, static_cast<const E*>(nullptr), data.data(), no_op{});
+}
+
+/// Sends `out` to rank `dst` and receives `in` from rank `src` in one step (both at once, so
+/// two ranks may sendrecv with each other, or a ring of ranks pass data along, without waiting
+/// for one another). `dst` and `src` may be the same rank; `out` and `in` must not overlap.
+template <class T, class E>
+void sendrecv(communicator<T>& comm, std::span<const std::type_identity_t<E>> out, int dst, std::span<E> in, int src) {
+  const call_info call = detail::p2p_call<E>(comm);
+  detail::check_peer(comm, call, dst, "sendrecv");
+  detail::check_peer(comm, call, src, "sendrecv");
+  COLLX_REQUIRE(!detail::partially_overlap(out, in) && !(out.data() == in.data() && !in.empty()), comm, call,
+                "sendrecv: the buffer sent and the buffer received into overlap");
+  schedule s;
+  s.send(dst, {buf::in, 0, out.size()});
+  s.recv(src, {buf::out, 0, in.size()});
+  detail::execute(comm, call, s, out.data(), in.data(), no_op{});
 }
 
 }  // namespace collx

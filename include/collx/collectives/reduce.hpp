@@ -10,26 +10,26 @@ void reduce(communicator<T>& comm, std::span<const std::type_identity_t<E>> in, 
             Algo a = {}) {
   static_assert(detail::check_reducing<E, Op, Algo>());
   auto call = detail::make_call<E, Op>(comm, "reduce", Algo::name, in.size(), root);
-  COLLX_REQUIRE(root >= 0 && root < comm.size(), call,
+  COLLX_REQUIRE(root >= 0 && root < comm.size(), comm, call,
                   "root " + std::to_string(root) + " is out of range [0, " + std::to_string(comm.size()) + ")");
   if (comm.rank() == root) {
-    COLLX_REQUIRE(out.size() == in.size(), call,
+    COLLX_REQUIRE(out.size() == in.size(), comm, call,
                     "the output at the root has " + detail::n_elems(out.size()) + " but the input has " +
                         std::to_string(in.size()));
-    COLLX_REQUIRE(!detail::partially_overlap(in, out), call, "the input and output overlap");
+    COLLX_REQUIRE(!detail::partially_overlap(in, out), comm, call, "the input and output overlap");
   }
   detail::with_policy<Op, algo::collective::reduce, E>(a, comm, in.size(), call, [&](const auto& pol) {
     static_assert(detail::check_reducing<E, Op, std::decay_t<decltype(pol)>>());
     static_assert(requires(const algo::reduce_problem& p) { pol.reduce(p); },
                   "collx: this policy has no reduce schedule (ring, tree and recursive_halving have one)");
     const algo::reduce_problem p{comm.rank(), comm.size(), root, in.size(), sizeof(E), is_commutative_v<Op>};
-    const schedule& s = detail::cached<std::decay_t<decltype(pol)>, algo::reduce_problem>(
+    const auto s = detail::cached<std::decay_t<decltype(pol)>, algo::reduce_problem>(
         comm, pol, {detail::rank_and_size(p.rank, p.size), std::uint64_t(root), in.size(), sizeof(E), p.commutative}, [&] {
           schedule x = pol.reduce(p);
           if (p.rank == p.root) x.finalize({buf::out, 0, p.count});
           return x;
         });
-    detail::execute(comm, call, s, in.data(), out.data(), op);
+    detail::execute(comm, call, *s, in.data(), out.data(), op);
   });
 }
 

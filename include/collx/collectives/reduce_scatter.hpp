@@ -14,32 +14,43 @@ void reduce_scatter_blocks(communicator<T>& comm, const call_info& call, const E
   static_assert(requires(const algo::rs_problem& p) { a.reduce_scatter(p); },
                 "collx: this policy has no reduce_scatter schedule (ring, tree and recursive_halving have one)");
   const algo::rs_problem p{comm.rank(), comm.size(), blocks, src, work, sizeof(E), is_commutative_v<Op>};
-  const schedule& s = cached<Algo, algo::rs_problem>(
+  const auto s = cached<Algo, algo::rs_problem>(
       comm, a, {rank_and_size(p.rank, p.size), blocks.total, std::uint64_t(src), std::uint64_t(work), sizeof(E), p.commutative},
       [&] {
         schedule x = a.reduce_scatter(p);
         x.finalize(p.result());
         return x;
       });
-  execute(comm, call, s, in, out, op);
+  execute(comm, call, *s, in, out, op);
 }
 }  // namespace detail
 
 /// Reduce-scatter: in holds n·k elements (k per rank, in rank order); rank r receives the
-/// reduction of everyone's r-th block in out (k elements).
+/// reduction of everyone's r-th block in out (k elements). In place when `out` is this rank's
+/// block of `in` (out.data() == in.data() + rank·k, as NCCL defines it): the result lands there,
+/// and the buffer's other blocks are overwritten with partial results.
 template <class T, class E, class Op, class Algo = algo::automatic>
 void reduce_scatter(communicator<T>& comm, std::span<const std::type_identity_t<E>> in, std::span<E> out, Op op,
                     Algo a = {}) {
   static_assert(detail::check_reducing<E, Op, Algo>());
   auto call = detail::make_call<E, Op>(comm, "reduce_scatter", Algo::name, out.size());
   const auto n = std::size_t(comm.size());
-  COLLX_REQUIRE(in.size() == n * out.size(), call,
+  COLLX_REQUIRE(in.size() / n == out.size() && in.size() % n == 0, comm, call,
                   "the input has " + detail::n_elems(in.size()) + " but must have size x output = " +
                       std::to_string(n) + " x " + std::to_string(out.size()));
-  COLLX_REQUIRE(!detail::partially_overlap(in, out), call, "the input and output overlap");
-  detail::with_policy<Op, algo::collective::reduce_scatter, E>(a, comm, out.size(), call, [&](const auto& pol) {
-    detail::reduce_scatter_blocks(comm, call, in.data(), out.data(), partition(in.size(), comm.size()), buf::in,
-                                  buf::none, op, pol);
+  const std::size_t k = out.size();
+  const bool in_place = k != 0 && out.data() == in.data() + std::size_t(comm.rank()) * k;
+  COLLX_REQUIRE(in_place || !detail::partially_overlap(in, out), comm, call,
+                  "the input and output overlap (in place, the output is this rank's block of the input)");
+  detail::with_policy<Op, algo::collective::reduce_scatter, E>(a, comm, k, call, [&](const auto& pol) {
+    if (in_place) {  // the whole buffer is the work space, as in all_reduce's reduce-scatter
+      E* full = out.data() - std::size_t(comm.rank()) * k;
+      detail::reduce_scatter_blocks(comm, call, static_cast<const E*>(full), full, partition(in.size(), comm.size()), buf::out,
+                                    buf::out, op, pol);
+    } else {
+      detail::reduce_scatter_blocks(comm, call, in.data(), out.data(), partition(in.size(), comm.size()), buf::in, buf::none,
+                                    op, pol);
+    }
   });
 }
 

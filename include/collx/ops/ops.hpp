@@ -57,7 +57,12 @@ struct avg : sum {
   template <class T>
   static constexpr T finalize(const T& x, int n) {
     if constexpr (is_reduced_float_v<T>) return T(float(x) / float(n));
-    else return T(x / static_cast<T>(n));
+    else if constexpr (std::is_integral_v<T>) {
+      // In the widest type of T's signedness: n itself may not fit T (uint8_t(256) == 0, a
+      // division by zero at 256 ranks; int8_t(200) < 0).
+      using W = std::conditional_t<std::is_signed_v<T>, long long, unsigned long long>;
+      return T(W(x) / W(n));
+    } else return T(x / static_cast<T>(n));
   }
 };
 

@@ -1,14 +1,19 @@
 #pragma once
 // transport::inproc: ranks are threads of one process. A message is never copied into a channel:
 // the sender publishes a pointer to its data, the receiver copies or reduces straight from the
-// sender's memory (single copy), then acknowledges; a step ends when all its sends have been
-// acknowledged, which is what makes reading the sender's buffer safe.
+// sender's memory (single copy), then acknowledges; a send is done when its message has been
+// acknowledged, which is what makes reading the sender's buffer safe (and makes every send
+// synchronous, the rule point-to-point calls ask for: collectives/p2p.hpp).
 //
-// Each ordered pair of ranks has one channel: a small ring of message descriptors with two
-// counters, `posted` (written by the sender) and `consumed` (written by the receiver). Both
-// counters are waitable words (detail/wait.hpp), so a rank that waits spins briefly and then
-// sleeps. Ranks that fail or leave are recorded in the group, and every waiter checks for them
-// between sleeps, so a failure anywhere ends the collective everywhere instead of hanging it.
+// Each ordered pair of ranks has one channel: a ring of kDepth message descriptors with two
+// counters, `posted` (written by the sender) and `consumed` (written by the receiver). A step's
+// sends and receives progress together: the loop posts every send that has room, serves every
+// receive whose message is there and collects acknowledgements, so a step may hold any number
+// of messages to one peer (more than kDepth only fills and drains the ring). When nothing can
+// move, a rank sleeps on its own doorbell (detail/wait.hpp), which every peer rings when it
+// posts to it or acknowledges one of its messages. Ranks that fail or leave are recorded in the
+// group, and every waiter checks for them between sleeps, so a failure anywhere ends the
+// collective everywhere instead of hanging it.
 #include <atomic>
 #include <cstring>
 #include <memory>
@@ -21,6 +26,7 @@
 #include "../detail/wait.hpp"
 #include "../error.hpp"
 #include "../signature.hpp"
+#include "deliver.hpp"
 
 namespace collx::transport {
 
@@ -30,8 +36,8 @@ class inproc {
   using memory_space = host_memory;
   static constexpr const char* name = "inproc";
 
-  /// Messages a sender may have outstanding to one receiver. Policies send at most a few
-  /// messages to one peer in one step; the depth only has to exceed that.
+  /// Messages a sender may have outstanding to one receiver before it must wait for it: a
+  /// larger step just takes turns (the loop serves receives while its sends wait for room).
   static constexpr std::uint32_t kDepth = 16;
 
   struct message {
@@ -41,8 +47,8 @@ class inproc {
   };
 
   struct alignas(64) channel {
-    detail::waitable posted;
-    alignas(64) detail::waitable consumed;
+    std::atomic<std::uint32_t> posted{0};
+    alignas(64) std::atomic<std::uint32_t> consumed{0};
     // 1 while the receiver reads the sender's memory. A failing sender waits for it to drop
     // before unwinding (which may free that memory); the receiver re-checks the sender's state
     // after raising it. Both sides use seq_cst, so one of them always sees the other.
@@ -55,9 +61,16 @@ class inproc {
   /// The state the n thread-ranks of one job share.
   class group {
    public:
-    explicit group(int n) : n_(n), channels_(std::size_t(n) * std::size_t(n)), state_(std::size_t(n)), why_(std::size_t(n)) {}
+    explicit group(int n)
+        : n_(n), channels_(std::size_t(n) * std::size_t(n)), bells_(std::size_t(n)), state_(std::size_t(n)), why_(std::size_t(n)) {}
     int size() const noexcept { return n_; }
     channel& chan(int from, int to) noexcept { return channels_[std::size_t(from) * std::size_t(n_) + std::size_t(to)]; }
+    detail::waitable& doorbell(int rank) noexcept { return bells_[std::size_t(rank)].w; }
+    void ring(int rank) noexcept {
+      detail::waitable& d = doorbell(rank);
+      d.word.fetch_add(1, std::memory_order_seq_cst);
+      if (d.sleepers.load(std::memory_order_seq_cst) != 0) detail::futex_wake_all(d.word, false);
+    }
 
     /// Marks `rank` as gone: it left normally, or it failed (and then the whole job is aborted).
     void leave(int rank, bool failed, const std::string& why) noexcept {
@@ -70,10 +83,7 @@ class inproc {
         }
         state_[std::size_t(rank)].store(int(failed ? rank_state::failed : rank_state::left));
       }
-      for (auto& c : channels_) {  // wake every sleeper so it re-checks
-        c.posted.wake(false);
-        c.consumed.wake(false);
-      }
+      for (int q = 0; q < n_; ++q) ring(q);  // every sleeper re-checks
     }
     rank_state state(int rank) const noexcept { return rank_state(state_[std::size_t(rank)].load()); }
     int first_failed() const noexcept { return first_failed_.load(); }
@@ -83,8 +93,12 @@ class inproc {
     }
 
    private:
+    struct alignas(64) bell {
+      detail::waitable w;
+    };
     int n_;
     std::vector<channel> channels_;
+    std::vector<bell> bells_;
     std::vector<std::atomic<int>> state_;
     mutable std::mutex mu_;
     std::vector<std::string> why_;
@@ -98,51 +112,150 @@ class inproc {
 
   void exchange(std::span<const send_desc> sends, std::span<const recv_desc> recvs, const exchange_context& ctx) {
     const call_info& call = *ctx.call;
-    struct ticket { channel* ch; std::uint32_t n; int peer; };
-    ticket tickets_small[8];
-    std::vector<ticket> tickets_big;
-    ticket* tickets = tickets_small;
-    if (sends.size() > 8) { tickets_big.resize(sends.size()); tickets = tickets_big.data(); }
+    if (const rank_state me = g_->state(rank_); me != rank_state::live)
+      call.fail(errc::peer_lost, me == rank_state::failed ? "this rank already failed: " + g_->why(rank_)
+                                                          : std::string("this rank has already left the communicator"));
+    ss_.assign(sends.size(), {});
+    rs_.assign(recvs.size(), {});
+    std::size_t pending = sends.size() + recvs.size();
 
-    for (std::size_t i = 0; i < sends.size(); ++i) {
-      const send_desc& s = sends[i];
-      channel& ch = g_->chan(rank_, s.peer);
-      const std::uint32_t head = ch.posted.word.load(std::memory_order_relaxed);
-      wait(ch.consumed, [&] { return head - ch.consumed.word.load(std::memory_order_acquire) < kDepth; }, call, s.peer,
-           "room in its queue");
-      ch.slots[head % kDepth] = {s.data, s.bytes, call.sig};
-      ch.posted.publish(head + 1, false);
-      tickets[i] = {&ch, head + 1, s.peer};
-    }
-    for (const recv_desc& r : recvs) {
-      channel& ch = g_->chan(r.peer, rank_);
-      const std::uint32_t tail = ch.consumed.word.load(std::memory_order_relaxed);
-      wait(ch.posted, [&] { return ch.posted.word.load(std::memory_order_acquire) != tail; }, call, r.peer, "its data");
-      const message& m = ch.slots[tail % kDepth];
-      call.check_match(r.peer, m.sig, m.bytes, r.bytes);
-      ch.reading.store(1, std::memory_order_seq_cst);
-      if (g_->state(r.peer) == rank_state::failed) {
+    // A send may be posted once every earlier send of the step to the same peer is (a channel
+    // is a queue); it is done when acknowledged. A receive may run once it is first to its
+    // peer and its operand is final (may_progress).
+    auto may_post = [&](std::size_t i) {
+      for (std::size_t j = 0; j < i; ++j)
+        if (!ss_[j].posted && sends[j].peer == sends[i].peer) return false;
+      return true;
+    };
+    auto advance = [&]() -> bool {
+      bool moved = false;
+      for (std::size_t i = 0; i < sends.size(); ++i) {
+        send_state& st = ss_[i];
+        if (st.done) continue;
+        const send_desc& s = sends[i];
+        channel& ch = g_->chan(rank_, s.peer);
+        if (!st.posted) {
+          if (!may_post(i)) continue;
+          const std::uint32_t head = ch.posted.load(std::memory_order_relaxed);
+          if (head - ch.consumed.load(std::memory_order_acquire) >= kDepth) continue;
+          ch.slots[head % kDepth] = {s.data, s.bytes, call.sig};
+          ch.posted.store(head + 1, std::memory_order_seq_cst);
+          g_->ring(s.peer);
+          st.posted = true;
+          st.ticket = head + 1;
+          moved = true;
+        }
+        if (std::int32_t(ch.consumed.load(std::memory_order_acquire) - st.ticket) >= 0) {
+          st.done = true;
+          --pending;
+          moved = true;
+        }
+      }
+      for (std::size_t i = 0; i < recvs.size(); ++i) {
+        if (rs_[i].done || !may_progress(recvs, rs_, i)) continue;
+        const recv_desc& r = recvs[i];
+        channel& ch = g_->chan(r.peer, rank_);
+        const std::uint32_t tail = ch.consumed.load(std::memory_order_relaxed);
+        if (ch.posted.load(std::memory_order_acquire) == tail) continue;
+        const message& m = ch.slots[tail % kDepth];
+        call.check_match(r.peer, m.sig, m.bytes, r.bytes);
+        ch.reading.store(1, std::memory_order_seq_cst);
+        if (g_->state(r.peer) == rank_state::failed) {
+          ch.reading.store(0, std::memory_order_seq_cst);
+          call.fail(errc::peer_lost, "lost rank " + std::to_string(r.peer) + ": it failed: " + g_->why(r.peer));
+        }
+        detail::deliver(r, 0, m.data, r.bytes, ctx.comb);
+        ch.consumed.store(tail + 1, std::memory_order_seq_cst);
         ch.reading.store(0, std::memory_order_seq_cst);
-        call.fail(errc::peer_lost, "lost rank " + std::to_string(r.peer) + ": it failed: " + g_->why(r.peer));
+        g_->ring(r.peer);
+        rs_[i].done = true;
+        --pending;
+        moved = true;
       }
-      if (r.bytes != 0) {
-        if (r.how == combine::copy) std::memcpy(r.dst, m.data, r.bytes);
-        else if (r.how == combine::received_left) ctx.comb(r.dst, m.data, r.with, r.bytes / ctx.comb.elem_size);
-        else ctx.comb(r.dst, r.with, m.data, r.bytes / ctx.comb.elem_size);
+      return moved;
+    };
+    // Can anything move now? (no side effects)
+    auto ready = [&] {
+      for (std::size_t i = 0; i < sends.size(); ++i) {
+        if (ss_[i].done) continue;
+        const channel& ch = g_->chan(rank_, sends[i].peer);
+        const std::uint32_t consumed = ch.consumed.load(std::memory_order_acquire);
+        if (ss_[i].posted ? std::int32_t(consumed - ss_[i].ticket) >= 0
+                          : may_post(i) && ch.posted.load(std::memory_order_relaxed) - consumed < kDepth)
+          return true;
       }
-      ch.consumed.publish(tail + 1, false);
-      ch.reading.store(0, std::memory_order_seq_cst);
-    }
-    for (std::size_t i = 0; i < sends.size(); ++i) {
-      const ticket& t = tickets[i];
-      wait(t.ch->consumed,
-           [&] { return std::int32_t(t.ch->consumed.word.load(std::memory_order_acquire) - t.n) >= 0; }, call, t.peer,
-           "it to take this rank's data");
+      for (std::size_t i = 0; i < recvs.size(); ++i) {
+        if (rs_[i].done || !may_progress(recvs, rs_, i)) continue;
+        const channel& ch = g_->chan(recvs[i].peer, rank_);
+        if (ch.posted.load(std::memory_order_acquire) != ch.consumed.load(std::memory_order_relaxed)) return true;
+      }
+      return false;
+    };
+    auto first_pending = [&](const char*& what) {
+      for (std::size_t i = 0; i < recvs.size(); ++i)
+        if (!rs_[i].done) {
+          what = "its data";
+          return recvs[i].peer;
+        }
+      for (std::size_t i = 0; i < sends.size(); ++i)
+        if (!ss_[i].done) {
+          what = ctx.synchronous ? "it to receive this rank's message" : ss_[i].posted ? "it to take this rank's data" : "room in its queue";
+          return sends[i].peer;
+        }
+      return -1;
+    };
+    auto check = [&] {
+      // Ranks that disagree about the call's shape (a root, a policy) may never message each
+      // other directly; a pending message of the same call with another signature shows it.
+      for (int q = 0; q < size() && call.sig.seq != 0; ++q) {  // seq 0: point to point, not collective
+        if (q == rank_) continue;
+        const channel& in = g_->chan(q, rank_);
+        const std::uint32_t tail = in.consumed.load(std::memory_order_relaxed);
+        if (in.posted.load(std::memory_order_acquire) == tail) continue;
+        const message& m = in.slots[tail % kDepth];
+        if (m.sig.seq == call.sig.seq && !(m.sig == call.sig)) call.check_match(q, m.sig, m.bytes, m.bytes);
+      }
+      // The peers this step still waits for. One may have done its part (posted, or consumed
+      // ours) and then left or failed after this rank last looked: its state is written after
+      // that, so look again (ready) before blaming it.
+      auto waiting_on = [&](int p) {
+        for (std::size_t i = 0; i < recvs.size(); ++i)
+          if (!rs_[i].done && recvs[i].peer == p) return true;
+        for (std::size_t i = 0; i < sends.size(); ++i)
+          if (!ss_[i].done && sends[i].peer == p) return true;
+        return false;
+      };
+      const int f = g_->first_failed();
+      for (int p = 0; p < size(); ++p) {
+        if (p == rank_ || !waiting_on(p)) continue;
+        const rank_state ps = g_->state(p);
+        if (ps == rank_state::live) continue;
+        if (ready()) return;
+        if (ps == rank_state::failed)
+          call.fail(errc::peer_lost, "lost rank " + std::to_string(p) + ": it failed: " + g_->why(p));
+        call.fail(errc::peer_lost, "lost rank " + std::to_string(p) +
+                                       ": it has left the communicator (it made fewer calls than this rank)");
+      }
+      if (f >= 0 && f != rank_ && !ready()) {
+        const char* what = "";
+        const int p = first_pending(what);
+        call.fail(errc::peer_lost, "the job was aborted while waiting for rank " + std::to_string(p) + ": rank " +
+                                       std::to_string(f) + " failed: " + g_->why(f));
+      }
+    };
+    while (pending != 0) {
+      if (advance()) continue;
+      if (detail::wait_on(g_->doorbell(rank_), ready, check, call.timeout, false, spin_) == detail::wait_result::timed_out) {
+        const char* what = "";
+        const int p = first_pending(what);
+        call.timed_out(p, what);
+      }
     }
   }
 
   /// Marks this rank failed, then waits until no peer is still reading its memory, so the
-  /// caller may unwind and free its buffers.
+  /// caller may unwind and free its buffers. (A reader is a thread of this process that is
+  /// copying: it ends, whatever its own state.)
   void abort(const std::string& why) noexcept {
     g_->leave(rank_, true, why);
     for (int q = 0; q < size(); ++q)
@@ -153,40 +266,18 @@ class inproc {
   void leave() noexcept { g_->leave(rank_, false, {}); }
 
  private:
-  template <class Done>
-  void wait(detail::waitable& w, Done done, const call_info& call, int peer, const char* what) {
-    auto check = [&] {
-      // Ranks that disagree about the call's shape (a root, a policy) may never message each
-      // other directly; a pending message of the same call with another signature shows it.
-      for (int q = 0; q < size() && call.sig.seq != 0; ++q) {  // seq 0: point to point, not collective
-        if (q == rank_) continue;
-        const channel& in = g_->chan(q, rank_);
-        const std::uint32_t tail = in.consumed.word.load(std::memory_order_relaxed);
-        if (in.posted.word.load(std::memory_order_acquire) == tail) continue;
-        const message& m = in.slots[tail % kDepth];
-        if (m.sig.seq == call.sig.seq && !(m.sig == call.sig)) call.check_match(q, m.sig, m.bytes, m.bytes);
-      }
-      const rank_state ps = g_->state(peer);
-      // The peer may have done its part (posted, or consumed ours) and then left or failed after
-      // this rank last looked: its state is written after that, so look again before blaming it.
-      if ((ps != rank_state::live || g_->first_failed() >= 0) && done()) return;
-      if (ps == rank_state::failed)
-        call.fail(errc::peer_lost, "lost rank " + std::to_string(peer) + ": it failed: " + g_->why(peer));
-      if (ps == rank_state::left)
-        call.fail(errc::peer_lost, "lost rank " + std::to_string(peer) +
-                                       ": it has left the communicator (it made fewer calls than this rank)");
-      const int f = g_->first_failed();
-      if (f >= 0 && f != rank_)
-        call.fail(errc::peer_lost, "the job was aborted while waiting for rank " + std::to_string(peer) + ": rank " +
-                                       std::to_string(f) + " failed: " + g_->why(f));
-    };
-    if (detail::wait_on(w, done, check, call.timeout, false, spin_) == detail::wait_result::timed_out)
-      call.timed_out(peer, what);
-  }
-
+  struct send_state {
+    bool posted = false, done = false;
+    std::uint32_t ticket = 0;  // the `consumed` count that acknowledges it (counters wrap)
+  };
+  struct recv_state {
+    bool done = false;
+  };
   std::shared_ptr<group> g_;
   int rank_;
   int spin_;
+  std::vector<send_state> ss_;
+  std::vector<recv_state> rs_;
 };
 
 }  // namespace collx::transport

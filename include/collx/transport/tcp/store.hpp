@@ -422,6 +422,42 @@ class file_store final : public store {
 
   std::string where() const override { return "the file store in " + dir_; }
 
+  /// Rank 0 of job `job`: makes sure no other live job of that name uses this directory (an
+  /// exclusive lock), removes whatever keys a crashed run of it left, and then says so (a
+  /// second lock, held from then on: the others wait for it in await_claim). Both locks are
+  /// flock()s, which the kernel drops with the process, however it ends, and this store holds
+  /// them until it is destroyed (the end of rendezvous).
+  void claim(const std::string& job) {
+    owner_ = lock_file(job, ".owner");
+    if (::flock(owner_.get(), LOCK_EX | LOCK_NB) != 0) {
+      if (errno == EWOULDBLOCK)
+        throw error(errc::invalid_argument, "tcp: another job named \"" + job + "\" is meeting in " + where() +
+                                                " (its rank 0 holds the job's lock): give each job its own COLLX_JOB or store");
+      net::sys_fail("tcp: file store lock in " + dir_);
+    }
+    erase_prefix(job + "/");
+    ready_ = lock_file(job, ".ready");
+    while (::flock(ready_.get(), LOCK_EX) != 0)
+      if (errno != EINTR) net::sys_fail("tcp: file store lock in " + dir_);
+  }
+
+  /// Ranks but 0: waits (until `deadline`) for rank 0 to have claimed the store for `job`.
+  void await_claim(const std::string& job, net::clock::time_point deadline, int rank) {
+    net::fd f = lock_file(job, ".ready");
+    for (;;) {
+      if (::flock(f.get(), LOCK_SH | LOCK_NB) != 0) {
+        if (errno == EWOULDBLOCK) return;  // rank 0 holds it: its keys are this run's
+        if (errno != EINTR) net::sys_fail("tcp: file store lock in " + dir_);
+        continue;
+      }
+      ::flock(f.get(), LOCK_UN);
+      if (net::clock::now() >= deadline)
+        throw error(errc::timeout, "tcp: rendezvous of job \"" + job + "\" timed out at rank " + std::to_string(rank) +
+                                       ": rank 0 never claimed " + where() + " (is rank 0 running in this job?)");
+      ::usleep(2000);
+    }
+  }
+
   /// Removes the files of every key that starts with `prefix` (a job's keys, once all its
   /// ranks are done with them, so a later job of the same name does not read them).
   void erase_prefix(const std::string& prefix) override {
@@ -448,7 +484,14 @@ class file_store final : public store {
     return f;
   }
   std::string file(const std::string& key) const { return dir_ + "/" + name(key); }
+  net::fd lock_file(const std::string& job, const char* suffix) const {
+    const std::string f = dir_ + "/l" + name(job).substr(1) + suffix;  // not a key's name ("k..."): kept
+    net::fd l(::open(f.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600));
+    if (!l) net::sys_fail("tcp: file store lock " + f);
+    return l;
+  }
   std::string dir_;
+  net::fd owner_, ready_;  // claim(): held by rank 0 while the store is in use
 };
 
 }  // namespace collx::transport

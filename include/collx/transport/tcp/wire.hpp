@@ -16,7 +16,10 @@
 //   message  one per send of a step: a header, then `bytes` of payload
 //              magic "CXM1", kind, bytes, the sender's call_signature          (128 bytes)
 //            kind data: the payload is the message; bye: the sender leaves the job (no
-//            payload); abort: the sender failed, the payload (<= 512 bytes) says why.
+//            payload); abort: the sender failed, the payload (<= 512 bytes) says why;
+//            rts / cts: a synchronous (point-to-point) send asks to send `bytes` (no payload
+//            yet), and the receiver, once its receive is there, answers clear-to-send (no
+//            payload); only then does the data frame follow.
 //   store    request: magic "CXS1", op, key length, value length, key, value
 //            reply:   magic "CXT1", status, value length, value
 #include <cstddef>
@@ -107,7 +110,7 @@ inline std::optional<verdict_code> parse_verdict(std::span<const std::byte, size
 
 // ---- message header ---------------------------------------------------------------------------
 
-enum class msg_kind : std::uint32_t { data = 1, bye = 2, abort = 3 };
+enum class msg_kind : std::uint32_t { data = 1, bye = 2, abort = 3, rts = 4, cts = 5 };
 
 struct msg_header {
   std::uint32_t magic = kMsgMagic;
@@ -133,7 +136,7 @@ inline std::optional<parsed_header> parse_header(std::span<const std::byte, size
     why = "not a collx message (bad magic)";
     return std::nullopt;
   }
-  if (h.kind < 1 || h.kind > 3) {
+  if (h.kind < 1 || h.kind > 5) {
     why = "unknown message kind " + std::to_string(h.kind);
     return std::nullopt;
   }
@@ -142,6 +145,10 @@ inline std::optional<parsed_header> parse_header(std::span<const std::byte, size
   p.bytes = h.bytes;
   if (p.kind == msg_kind::bye && p.bytes != 0) {
     why = "a farewell with a payload";
+    return std::nullopt;
+  }
+  if (p.kind == msg_kind::cts && p.bytes != 0) {
+    why = "a clear-to-send with a payload";
     return std::nullopt;
   }
   if (p.kind == msg_kind::abort && p.bytes > kMaxAbortReason) {

@@ -1,0 +1,130 @@
+#pragma once
+// Every environment variable collx reads, and the one reader of them. Each is listed in
+// `collx::env::variables` (the README's table is this list; tests/test_env.cpp checks that every
+// COLLX_* name the headers read is here and in the README), and read through one of the
+// functions below, which turn a value that does not parse into errc::invalid_argument naming the
+// variable and what it must be: a typo never silently means "default".
+#include <cerrno>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
+#include "error.hpp"
+
+namespace collx::env {
+
+struct variable {
+  const char* name;
+  const char* value;    // what it takes
+  const char* meaning;  // what it does, and its default
+};
+
+inline constexpr variable variables[] = {
+    {"COLLX_TIMEOUT_S", "seconds (> 0, may be fractional)",
+     "the longest any single wait may take before a call fails with errc::timeout (options::timeout); default 300"},
+    {"COLLX_ALGO", "policy, or collective=policy,...",
+     "overrides algo::automatic's choice: `ring`, or `all_reduce=tree,all_gather=ring` (algo/automatic.hpp)"},
+    {"COLLX_RANK", "integer", "this process's rank (with COLLX_WORLD_SIZE; wins over the launchers' variables)"},
+    {"COLLX_WORLD_SIZE", "integer", "the job's rank count"},
+    {"COLLX_LOCAL_RANK", "integer", "the rank among the job's ranks on this host; default COLLX_RANK"},
+    {"COLLX_JOB", "name",
+     "names the job (shared-memory segment, rendezvous keys); default from the launcher (PMIX_NAMESPACE, SLURM_JOB_ID, "
+     "TORCHELASTIC_RUN_ID and MASTER_ADDR:MASTER_PORT, ...)"},
+    {"COLLX_STORE_PATH", "directory", "tcp: rendezvous through files in this shared directory instead of rank 0's TCP store"},
+    {"COLLX_SOCKET_IFNAME", "interface name", "tcp: listen on this interface; default the one that routes to MASTER_ADDR"},
+    {"COLLX_JOB_TOKEN", "up to 64 characters", "tcp: the secret peers and store clients must present; default drawn by rank 0"},
+    {"COLLX_TCP_BUFFER_BYTES", "bytes (0 .. 1G; K, M, G suffixes)",
+     "tcp: SO_SNDBUF/SO_RCVBUF of every connection, 0 keeps the kernel's autotuning; default 4M"},
+    {"COLLX_SHM_SINGLE_COPY_BYTES", "bytes (K, M, G suffixes), or 0",
+     "shm: every data-moving message of at least this size is read straight from the sender (process_vm_readv); 0: "
+     "never; unset: the measured rules of shm_config"},
+    {"COLLX_SHM_SLOTS", "integer (1 .. 4096)",
+     "shm: data slots each rank stages its sends in (its share of the segment); default 16"},
+    {"COLLX_SHM_SLOT_BYTES", "bytes (4K .. 64M, a multiple of 64; K, M suffixes)", "shm: bytes per data slot; default 64K"},
+    {"COLLX_SCHEDULE_CACHE_BYTES", "bytes (0 .. 64G; K, M, G suffixes)",
+     "the schedules a communicator keeps for reuse, at most this many bytes (least recently used go first); default 64M"},
+};
+
+inline const variable* find(std::string_view name) noexcept {
+  for (const variable& v : variables)
+    if (name == v.name) return &v;
+  return nullptr;
+}
+
+}  // namespace collx::env
+
+namespace collx::detail {
+
+/// The variable's value, or nullptr when it is unset or empty.
+inline const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != 0 ? v : nullptr;
+}
+
+[[noreturn]] inline void bad_env(const char* name, const char* value, const std::string& must) {
+  throw error(errc::invalid_argument, std::string(name) + "=\"" + value + "\" is not " + must);
+}
+
+/// An integer in [lo, hi]; `fallback` when unset.
+inline long long env_int(const char* name, long long lo, long long hi, long long fallback) {
+  const char* v = env(name);
+  if (v == nullptr) return fallback;
+  char* end = nullptr;
+  errno = 0;
+  const long long x = std::strtoll(v, &end, 10);
+  if (end == v || *end != 0 || errno == ERANGE || x < lo || x > hi)
+    bad_env(name, v, "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return x;
+}
+
+/// An integer in [lo, hi] that must be set (the launchers' variables).
+inline int env_int(const char* name, int lo, int hi) {
+  if (env(name) == nullptr) throw error(errc::invalid_argument, std::string(name) + " is not set");
+  return int(env_int(name, lo, hi, 0));
+}
+
+/// "65536", "64K", "64KiB", "16M", "1G" (powers of 1024); a value in [lo, hi]; `fallback` when unset.
+inline std::uint64_t parse_bytes(const char* name, const char* v, std::uint64_t lo, std::uint64_t hi) {
+  auto must = [&] { return "a byte count in [" + std::to_string(lo) + ", " + std::to_string(hi) + "] (K, M, G suffixes)"; };
+  char* end = nullptr;
+  errno = 0;
+  if (*v == '-' || *v == '+') bad_env(name, v, must());
+  const unsigned long long x = std::strtoull(v, &end, 10);
+  if (end == v || errno == ERANGE) bad_env(name, v, must());
+  std::string_view suffix(end);
+  unsigned shift = 0;
+  if (suffix == "K" || suffix == "KiB" || suffix == "k") shift = 10;
+  else if (suffix == "M" || suffix == "MiB") shift = 20;
+  else if (suffix == "G" || suffix == "GiB") shift = 30;
+  else if (!suffix.empty()) bad_env(name, v, must());
+  if (shift != 0 && x > (~0ull >> shift)) bad_env(name, v, must());
+  const std::uint64_t b = std::uint64_t(x) << shift;
+  if (b < lo || b > hi) bad_env(name, v, must());
+  return b;
+}
+
+inline std::uint64_t env_bytes(const char* name, std::uint64_t lo, std::uint64_t hi, std::uint64_t fallback) {
+  const char* v = env(name);
+  return v == nullptr ? fallback : parse_bytes(name, v, lo, hi);
+}
+
+/// Seconds > 0 (fractional allowed), at most 1e9; `fallback` when unset.
+inline double env_seconds(const char* name, double fallback) {
+  const char* v = env(name);
+  if (v == nullptr) return fallback;
+  char* end = nullptr;
+  const double s = std::strtod(v, &end);
+  if (end == v || *end != 0 || !(s > 0) || !std::isfinite(s) || s > 1e9) bad_env(name, v, "a positive number of seconds");
+  return s;
+}
+
+/// A string; `fallback` when unset.
+inline std::string env_string(const char* name, std::string fallback = {}) {
+  const char* v = env(name);
+  return v == nullptr ? std::move(fallback) : std::string(v);
+}
+
+}  // namespace collx::detail

@@ -1,0 +1,34 @@
+#pragma once
+// transport::tcp's configuration: where ranks meet, which interface they listen on, the job's
+// token, and the sockets' buffer sizes.
+#include <chrono>
+#include <string>
+
+#include "../../communicator.hpp"
+#include "../../env.hpp"
+
+namespace collx::transport {
+
+struct tcp_config {
+  /// How long rendezvous (store, addresses, connections) may take in all.
+  std::chrono::nanoseconds rendezvous_timeout = detail::default_timeout();
+  /// The store: a directory every rank sees (file store), else the TCP store at master_addr:master_port.
+  std::string store_path = detail::env_string("COLLX_STORE_PATH");
+  std::string master_addr;
+  int master_port = 0;
+  /// Interface to listen on (COLLX_SOCKET_IFNAME); empty: the one that routes to master_addr.
+  std::string ifname = detail::env_string("COLLX_SOCKET_IFNAME");
+  /// The job's token (COLLX_JOB_TOKEN); empty: rank 0 draws one and hands it out through the store.
+  std::string token = detail::env_string("COLLX_JOB_TOKEN");
+  /// Socket buffer sizes (SO_SNDBUF/SO_RCVBUF; COLLX_TCP_BUFFER_BYTES overrides, 0 keeps the
+  /// kernel's autotuning). Measured on 127.0.0.1, 2 processes on 2 cores, 64 MiB all-reduce
+  /// (tree), eight runs of `COLLX_TCP_BUFFER_BYTES=<b> collx-perf --transport tcp -np 2 -b 64M
+  /// -e 64M --algo tree -n 3`: autotuning gave 1.9 GB/s in 3 runs of 8 and 3.0 in the others
+  /// (a run keeps the windows it settles on); fixed 2, 4 and 8 MiB gave 2.9-3.1 in 8 of 8.
+  /// Ring and 8-byte latency do not move with it.
+  int socket_buffer_bytes = int(detail::env_bytes("COLLX_TCP_BUFFER_BYTES", 0, std::uint64_t(1) << 30, 4 << 20));
+  /// For launch_processes: rank 0 serves the store on this already-listening socket.
+  int serve_store_fd = -1;
+};
+
+}  // namespace collx::transport

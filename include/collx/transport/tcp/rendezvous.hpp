@@ -1,0 +1,356 @@
+#pragma once
+// Rendezvous of transport::tcp: how the ranks of a job find each other and connect.
+//
+// Ranks meet through a store (store.hpp): rank 0 serves one at MASTER_ADDR:MASTER_PORT
+// (torchrun's env:// convention), or they share a directory (COLLX_STORE_PATH). Each rank
+// listens on an ephemeral port of the interface named by COLLX_SOCKET_IFNAME (else the one that
+// routes to MASTER_ADDR, else loopback) and publishes "address host-id cores" under
+// <job>/addr/<rank>. Rank r then connects to every rank below it and accepts every rank above
+// it, all at once in one poll loop, so no order of arrival can deadlock. Rendezvous has its own
+// deadline (config::rendezvous_timeout) and its errors name the ranks that did not show up.
+//
+// Admission. A connecting rank first sends a hello with the job's token (COLLX_JOB_TOKEN, or
+// 64 hex digits drawn by rank 0 and handed out through the store); the accepting rank checks
+// it, the rank number and that no connection from that rank exists yet, answers with a verdict,
+// and drops anything else, logging the refused address to stderr. A stranger's connection
+// never becomes part of a collective. With COLLX_JOB_TOKEN set, the store refuses clients that
+// do not present it too; without it, anyone who can reach the store can read the token from it.
+//
+// A rerun. A file store outlives its job, so a job that crashed leaves its keys (its token,
+// its ranks' addresses) for the next job of the same name: rank 0 removes them, and the other
+// ranks read nothing until it has (file_store::claim). The TCP store lives in rank 0 and ends
+// with it.
+#include <sched.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "../../error.hpp"
+#include "config.hpp"
+#include "socket.hpp"
+#include "store.hpp"
+#include "wire.hpp"
+
+namespace collx::transport::tcp_detail {
+
+/// One established connection to a peer, and where the peer is (for messages).
+struct conn {
+  net::fd s;
+  std::string where;
+};
+
+/// Rank `rank` of `n` in job `job` meets its peers: after run(), peers()[q] is the connection to
+/// rank q (none to itself) and crowded() says whether the job's ranks on this host outnumber
+/// its cores.
+class rendezvous {
+ public:
+  rendezvous(std::string job, int rank, int n, tcp_config cfg, net::fd served)
+      : job_(std::move(job)), rank_(rank), n_(n), cfg_(std::move(cfg)), served_(std::move(served)) {}
+
+  std::vector<conn>& peers() noexcept { return peers_; }
+  bool crowded() const noexcept { return crowded_; }
+
+  std::string key(const std::string& what) const { return job_ + "/" + what; }
+
+  static std::string random_token() {
+    unsigned char b[32];
+    std::size_t got = 0;
+    while (got < sizeof b) {
+      const ssize_t k = getrandom(b + got, sizeof b - got, 0);
+      if (k < 0 && errno == EINTR) continue;
+      if (k <= 0) net::sys_fail("tcp: getrandom");
+      got += std::size_t(k);
+    }
+    static const char* hex = "0123456789abcdef";
+    std::string s;
+    for (unsigned char c : b) {
+      s += hex[c >> 4];
+      s += hex[c & 15];
+    }
+    return s;
+  }
+
+  /// A token as the fixed-size field of a hello.
+  static std::array<std::byte, tcp_wire::kTokenBytes> token_field(const std::string& t) {
+    std::array<std::byte, tcp_wire::kTokenBytes> f{};
+    std::memcpy(f.data(), t.data(), std::min(t.size(), f.size()));
+    return f;
+  }
+
+  /// This host, so ranks can tell which of them share one (and its cores).
+  static std::string host_id() {
+    std::string id;
+    std::ifstream b("/proc/sys/kernel/random/boot_id");
+    std::getline(b, id);
+    char h[256] = {};
+    gethostname(h, sizeof h - 1);
+    id += std::string("@") + h;
+    std::string safe;
+    for (char c : id.substr(0, 200)) safe += (c == ' ' ? '_' : c);
+    return safe;
+  }
+
+  void run() {
+    const auto deadline = net::clock::now() + cfg_.rendezvous_timeout;
+    if (cfg_.token.size() > tcp_wire::kTokenBytes)
+      throw error(errc::invalid_argument, "tcp: COLLX_JOB_TOKEN has " + std::to_string(cfg_.token.size()) + " characters (at most " +
+                                              std::to_string(tcp_wire::kTokenBytes) + ")");
+    // The store: rank 0 serves it (TCP), or a shared directory.
+    std::unique_ptr<store_server> server;
+    std::unique_ptr<store> st;
+    std::optional<net::address> master;
+    if (!cfg_.master_addr.empty() && cfg_.master_port != 0) master = net::resolve(cfg_.master_addr, cfg_.master_port);
+    if (!cfg_.store_path.empty()) {
+      auto fs = std::make_unique<file_store>(cfg_.store_path);
+      // A crashed run of this job may have left its keys: rank 0 removes them before it
+      // publishes anything, and the others read the store only once rank 0 has (file_store::claim).
+      if (rank_ == 0) fs->claim(job_);
+      else fs->await_claim(job_, deadline, rank_);
+      st = std::move(fs);
+    } else {
+      if (!master && !served_)
+        throw error(errc::invalid_argument, "tcp: no rendezvous: give master_addr and master_port, or store_path");
+      if (rank_ == 0) {
+        net::fd l;
+        if (served_) {
+          l = std::move(served_);
+          net::set_nonblocking(l.get());
+        } else {
+          net::address any = *master;
+          l = net::listen_on(any).first;  // MASTER_ADDR must be this host's address (as with torchrun)
+        }
+        net::address at;
+        at.len = sizeof at.ss;
+        getsockname(l.get(), at.sa(), &at.len);
+        if (!master) master = at;
+        server = std::make_unique<store_server>(std::move(l), cfg_.token);
+      } else if (!master) {
+        throw error(errc::invalid_argument, "tcp: no rendezvous address for rank " + std::to_string(rank_));
+      }
+      st = std::make_unique<tcp_store>(*master, cfg_.token, deadline);
+    }
+    // The token.
+    std::string token = cfg_.token;
+    if (token.empty()) {
+      if (rank_ == 0) {
+        token = random_token();
+        st->set(key("token"), token);
+      } else {
+        auto t = st->get(key("token"), deadline);
+        if (!t) throw error(errc::timeout, "tcp: rendezvous timed out: rank 0 never published the job's token in " + st->where() +
+                                               " (is rank 0 running in job \"" + job_ + "\"?)");
+        token = *t;
+      }
+    }
+    const auto tok = token_field(token);
+    // Listen, and publish where.
+    net::address here;
+    if (!cfg_.ifname.empty()) here = net::interface_address(cfg_.ifname);
+    else if (master) here = net::route_to(*master);
+    else here = net::resolve("127.0.0.1", 0);
+    here.set_port(0);
+    auto [listener, at] = net::listen_on(here);
+    cpu_set_t mine;
+    if (sched_getaffinity(0, sizeof mine, &mine) != 0) CPU_ZERO(&mine);
+    std::string mask;
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &mine)) mask += std::to_string(c) + ",";
+    const std::string me_host = host_id();
+    st->set(key("addr/" + std::to_string(rank_)), at.str() + " " + me_host + " " + mask);
+
+    peers_.clear();
+    peers_.resize(std::size_t(n_));
+    // Addresses: of the lower ranks first, to connect to them; those of the higher ranks are
+    // in the store by the time they have connected here (each publishes before it connects),
+    // and tell which ranks share this host (and its cores).
+    std::vector<net::address> addr(static_cast<std::size_t>(n_));
+    std::vector<std::string> published(static_cast<std::size_t>(n_));
+    auto fetch = [&](int q) {
+      auto v = st->get(key("addr/" + std::to_string(q)), deadline);
+      if (!v) {
+        std::string missing;
+        for (int x = 0; x < n_; ++x)
+          if (x != rank_ && !st->get(key("addr/" + std::to_string(x)), net::clock::now()))
+            missing += (missing.empty() ? "" : ", ") + std::to_string(x);
+        throw error(errc::timeout, "tcp: rendezvous of job \"" + job_ + "\" timed out at rank " + std::to_string(rank_) +
+                                       ": rank(s) " + missing + " never published an address in " + st->where() +
+                                       " (not started, or started for another job or size?)");
+      }
+      const std::string& s = *v;
+      const auto sp1 = s.find(' ');
+      if (sp1 == std::string::npos || s.find(' ', sp1 + 1) == std::string::npos)
+        throw error(errc::transport_error, "tcp: rank " + std::to_string(q) + " published a malformed address \"" + s + "\"");
+      addr[std::size_t(q)] = net::parse_host_port(s.substr(0, sp1));
+      peers_[std::size_t(q)].where = s.substr(0, sp1);
+      published[std::size_t(q)] = s;
+    };
+    for (int q = 0; q < rank_; ++q) fetch(q);
+    connect_mesh(listener, addr, tok, deadline);
+    for (int q = rank_ + 1; q < n_; ++q) fetch(q);
+    cpu_set_t host_cores;
+    CPU_ZERO(&host_cores);
+    CPU_OR(&host_cores, &host_cores, &mine);
+    int on_host = 1;
+    for (int q = 0; q < n_; ++q) {
+      const std::string& s = published[std::size_t(q)];
+      if (q == rank_) continue;
+      const auto sp1 = s.find(' '), sp2 = s.find(' ', sp1 + 1);
+      if (s.substr(sp1 + 1, sp2 - sp1 - 1) != me_host) continue;
+      ++on_host;
+      std::size_t i = sp2 + 1;
+      while (i < s.size()) {
+        const std::size_t j = s.find(',', i);
+        if (j == std::string::npos) break;
+        const int c = std::atoi(s.substr(i, j - i).c_str());
+        if (c >= 0 && c < CPU_SETSIZE) CPU_SET(c, &host_cores);
+        i = j + 1;
+      }
+    }
+    crowded_ = on_host > std::max(1, CPU_COUNT(&host_cores));
+
+    // Rank 0's store must outlive every rank's use of it: each counts itself done, and rank 0
+    // waits for all of them before its server goes.
+    st->set(key("ready/" + std::to_string(rank_)), "1");
+    // The last rank to finish removes the job's keys (a file store would hand them to a later
+    // job of the same name).
+    if (st->add(key("ready"), 1) == n_) st->erase_prefix(job_ + "/");
+    if (server) {
+      while (st->add(key("ready"), 0) < n_) {
+        if (net::clock::now() >= deadline) {
+          std::string missing;
+          for (int q = 0; q < n_; ++q)
+            if (!st->get(key("ready/" + std::to_string(q)), net::clock::now())) missing += (missing.empty() ? "" : ", ") + std::to_string(q);
+          throw error(errc::timeout, "tcp: rendezvous of job \"" + job_ + "\" timed out waiting for rank(s) " + missing +
+                                         " to finish it (they stopped or died while connecting)");
+        }
+        ::usleep(1000);
+      }
+    }
+    for (conn& p : peers_)
+      if (p.s && cfg_.socket_buffer_bytes > 0) {
+        setsockopt(p.s.get(), SOL_SOCKET, SO_SNDBUF, &cfg_.socket_buffer_bytes, sizeof cfg_.socket_buffer_bytes);
+        setsockopt(p.s.get(), SOL_SOCKET, SO_RCVBUF, &cfg_.socket_buffer_bytes, sizeof cfg_.socket_buffer_bytes);
+      }
+  }
+
+  /// Connects to every lower rank and admits every higher one, concurrently.
+  void connect_mesh(net::fd& listener, const std::vector<net::address>& addr, const std::array<std::byte, tcp_wire::kTokenBytes>& tok,
+                    net::clock::time_point deadline) {
+    struct outgoing { int peer; std::size_t got = 0; tcp_wire::verdict v; bool done = false; };
+    struct incoming { net::fd s; std::string from; std::size_t got = 0; tcp_wire::hello h; net::clock::time_point until; };
+    std::vector<outgoing> outs;
+    for (int q = 0; q < rank_; ++q) {
+      std::string why;
+      net::fd s = net::connect_until(addr[std::size_t(q)], deadline, why);
+      if (!s)
+        throw error(errc::timeout, "tcp: rendezvous of job \"" + job_ + "\": rank " + std::to_string(rank_) + " could not connect to rank " +
+                                       std::to_string(q) + " at " + addr[std::size_t(q)].str() + ": " + why);
+      tcp_wire::hello h;
+      h.rank = std::uint32_t(rank_);
+      h.size = std::uint32_t(n_);
+      std::memcpy(h.token, tok.data(), tok.size());
+      if (net::write_all(s.get(), &h, sizeof h, deadline) != net::io::ok)
+        throw error(errc::peer_lost, "tcp: rendezvous: rank " + std::to_string(q) + " at " + addr[std::size_t(q)].str() + " closed the connection");
+      peers_[std::size_t(q)].s = std::move(s);
+      outs.push_back(outgoing{q, 0, {}, false});
+    }
+    std::vector<incoming> ins;
+    int admitted = 0, verdicts = 0;
+    const int expect_in = n_ - 1 - rank_;
+    std::vector<pollfd> pf;
+    while (admitted < expect_in || verdicts < int(outs.size())) {
+      const auto now = net::clock::now();
+      if (now >= deadline) {
+        std::string missing;
+        for (int q = rank_ + 1; q < n_; ++q)
+          if (!peers_[std::size_t(q)].s) missing += (missing.empty() ? "" : ", ") + std::to_string(q);
+        std::string silent;
+        for (const outgoing& o : outs)
+          if (!o.done) silent += (silent.empty() ? "" : ", ") + std::to_string(o.peer);
+        throw error(errc::timeout, "tcp: rendezvous of job \"" + job_ + "\" timed out at rank " + std::to_string(rank_) +
+                                       (missing.empty() ? "" : ": no admitted connection from rank(s) " + missing) +
+                                       (silent.empty() ? "" : ": no answer to its hello from rank(s) " + silent));
+      }
+      pf.clear();
+      pf.push_back({listener.get(), POLLIN, 0});
+      for (const incoming& in : ins) pf.push_back({in.s.get(), POLLIN, 0});
+      for (const outgoing& o : outs) pf.push_back({peers_[std::size_t(o.peer)].s.get(), short(o.done ? 0 : POLLIN), 0});
+      ::poll(pf.data(), pf.size(), net::ms_until(deadline));
+      if (pf[0].revents & POLLIN)
+        for (;;) {
+          net::address a;
+          a.len = sizeof a.ss;
+          const int f = ::accept4(listener.get(), a.sa(), &a.len, SOCK_CLOEXEC | SOCK_NONBLOCK);
+          if (f < 0) break;
+          net::set_nodelay(f);
+          // A stranger that connects and says nothing is dropped after a few seconds.
+          ins.push_back({net::fd(f), a.str(), 0, {}, std::min(deadline, net::clock::now() + std::chrono::seconds(5))});
+        }
+      for (incoming& in : ins) {
+        if (!in.s) continue;
+        const ssize_t k = ::recv(in.s.get(), reinterpret_cast<char*>(&in.h) + in.got, sizeof in.h - in.got, MSG_DONTWAIT);
+        if (k > 0) in.got += std::size_t(k);
+        const bool eof = k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+        if (in.got < sizeof in.h) {
+          if (eof || net::clock::now() >= in.until) {
+            refuse(in.from, eof ? "closed before its hello" : "sent no hello in time");
+            in.s.reset();
+          }
+          continue;
+        }
+        int who = -1;
+        auto code = tcp_wire::check_hello(std::span<const std::byte, sizeof in.h>(reinterpret_cast<const std::byte*>(&in.h), sizeof in.h),
+                                          rank_, n_, tok, who);
+        if (code == tcp_wire::verdict_code::admitted && peers_[std::size_t(who)].s) code = tcp_wire::verdict_code::duplicate;
+        tcp_wire::verdict v;
+        v.code = std::uint32_t(code);
+        const bool sent = net::write_all(in.s.get(), &v, sizeof v, net::clock::now() + std::chrono::seconds(1)) == net::io::ok;
+        if (code == tcp_wire::verdict_code::admitted && sent) {
+          peers_[std::size_t(who)].s = std::move(in.s);
+          ++admitted;
+        } else {
+          refuse(in.from, tcp_wire::describe(code));
+          in.s.reset();
+        }
+      }
+      std::erase_if(ins, [](const incoming& in) { return !in.s; });
+      for (outgoing& o : outs) {
+        if (o.done) continue;
+        conn& p = peers_[std::size_t(o.peer)];
+        const ssize_t k = ::recv(p.s.get(), reinterpret_cast<char*>(&o.v) + o.got, sizeof o.v - o.got, MSG_DONTWAIT);
+        if (k > 0) o.got += std::size_t(k);
+        else if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+          throw error(errc::peer_lost, "tcp: rendezvous: rank " + std::to_string(o.peer) + " at " + p.where + " closed the connection before admitting rank " +
+                                           std::to_string(rank_));
+        if (o.got < sizeof o.v) continue;
+        const auto code = tcp_wire::parse_verdict(std::span<const std::byte, sizeof o.v>(reinterpret_cast<const std::byte*>(&o.v), sizeof o.v));
+        if (!code) throw error(errc::transport_error, "tcp: rendezvous: garbage instead of a verdict from " + p.where + " (rank " + std::to_string(o.peer) + ")");
+        if (*code != tcp_wire::verdict_code::admitted)
+          throw error(errc::invalid_argument, "tcp: rank " + std::to_string(o.peer) + " at " + p.where + " refused rank " + std::to_string(rank_) +
+                                                  ": " + tcp_wire::describe(*code) + " (do both ranks run the same job with the same COLLX_JOB_TOKEN?)");
+        o.done = true;
+        ++verdicts;
+      }
+    }
+  }
+
+  void refuse(const std::string& from, const char* why) const {
+    std::fprintf(stderr, "collx tcp: job \"%s\" rank %d refused a connection from %s: %s\n", job_.c_str(), rank_, from.c_str(), why);
+  }
+
+  std::string job_;
+  int rank_ = 0, n_ = 1;
+  tcp_config cfg_;
+  net::fd served_;  // launch_processes: the store's listening socket (rank 0), owned from the start
+  std::vector<conn> peers_;
+  bool crowded_ = false;
+};
+
+}  // namespace collx::transport::tcp_detail

@@ -1,0 +1,500 @@
+#pragma once
+// The data path of transport::tcp: one stream per pair of ranks, carrying frames (wire.hpp), and
+// the loop that moves a step's sends and receives over them together.
+//
+// Data. A message is a 128-byte header (the sender's call signature and the byte count: the
+// receiver checks both before reading a byte of payload, so mismatched calls fail with
+// errc::mismatch and a wrong length can never overrun a buffer) followed by the payload. A
+// step's sends and receives progress together over non-blocking sockets (a ring step sends and
+// receives at once); received data lands straight in its destination, or, when it is reduced,
+// in a 64 KiB bounce buffer that is delivered (transport/deliver.hpp) as it fills. Messages to
+// one peer keep their order (one stream per pair).
+//
+// Synchronous sends (point to point: collectives/p2p.hpp). The sender sends a request to send
+// (rts: the header alone); the receiver, once its receive is there, answers clear to send (cts);
+// only then does the data frame follow, and the send is done when it is written. So a send
+// returns only once its receiver has called the matching receive, at every size. A rank
+// waiting for a cts reads what its peer sends it meanwhile: another cts, or the peer's own rts
+// (set aside for the receive that will take it: a rank that sends and receives with one peer
+// at once, sendrecv, needs that); a data frame stays where it is, at the head of the stream,
+// until a receive takes it.
+//
+// Waiting. A rank with nothing to move polls its sockets without sleeping for a while
+// (kSpinTime: a peer's answer on another core of this host arrives in ~7 us, a sleeping
+// thread's wake-up costs ~28 us on the development VM), then sleeps in poll() in slices,
+// checking the call's deadline. Spinning is skipped when the job's ranks on this host
+// outnumber its cores (the peer probably needs this core).
+//
+// Faults. A peer that dies closes its sockets (the kernel does it): its peers see EOF or a
+// reset and throw errc::peer_lost naming it. A rank that fails sends an abort frame with its
+// reason where its stream is between frames; one that leaves normally sends a farewell, so a
+// peer still waiting learns that it made fewer calls. A peer that stops mid-message, or never
+// comes, runs the waiting ranks into their deadline: errc::timeout naming it.
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "../../concepts.hpp"
+#include "../../detail/wait.hpp"
+#include "../../error.hpp"
+#include "../../signature.hpp"
+#include "../deliver.hpp"
+#include "rendezvous.hpp"
+#include "socket.hpp"
+#include "wire.hpp"
+
+namespace collx::transport::tcp_detail {
+
+class streams {
+ public:
+  /// Bytes of a reduced message received before they are delivered.
+  static constexpr std::size_t kBounceBytes = std::size_t(64) << 10;
+  /// How long a rank with nothing to move polls before it sleeps (see the top).
+  static constexpr std::chrono::microseconds kSpinTime{100};
+  /// Requests to send from one peer that a rank sets aside while it waits for that peer's cts.
+  static constexpr std::size_t kAside = 8;
+
+  streams() = default;
+  streams(std::vector<conn> peers, bool crowded) : crowded_(crowded) {
+    peers_.resize(peers.size());
+    for (std::size_t q = 0; q < peers.size(); ++q) {
+      peers_[q].s = std::move(peers[q].s);
+      peers_[q].where = std::move(peers[q].where);
+    }
+  }
+
+  const std::string& where(int p) const { return peers_.at(std::size_t(p)).where; }
+  bool dead() const noexcept { return dead_; }
+
+  void exchange(std::span<const send_desc> sends, std::span<const recv_desc> recvs, const exchange_context& ctx) {
+    const call_info& call = *ctx.call;
+    if (dead_) call.fail(errc::peer_lost, "the tcp transport of this rank already failed: " + dead_why_);
+    const std::size_t elem = std::max<std::size_t>(1, ctx.comb.elem_size);
+    const bool sync = ctx.synchronous;
+    ss_.assign(sends.size(), {});
+    rs_.assign(recvs.size(), {});
+    std::size_t pending = sends.size() + recvs.size();
+    for (std::size_t i = 0; i < sends.size(); ++i) {
+      ss_[i].phase = sync ? send_phase::rts : send_phase::data;
+      ss_[i].h.sig = call.sig;
+      ss_[i].h.bytes = sends[i].bytes;
+      ss_[i].h.kind = std::uint32_t(sync ? tcp_wire::msg_kind::rts : tcp_wire::msg_kind::data);
+    }
+    for (std::size_t i = 0; i < recvs.size(); ++i) {
+      rs_[i].phase = sync ? recv_phase::rts : recv_phase::header;
+      if (recvs[i].how != combine::copy) {
+        if (bounce_.size() <= i) bounce_.resize(i + 1);
+        bounce_[i].resize(std::max(elem, kBounceBytes / elem * elem));
+      }
+    }
+    auto first_to = [](auto ops, const auto& st, std::size_t i) { return may_progress(ops, st, i); };
+
+    // Writes what it can of the frame `h` + `payload` (`off` bytes of which are written);
+    // true when something was written.
+    auto write_frame = [&](peer& p, int q, const tcp_wire::msg_header& h, const std::byte* payload, std::size_t bytes,
+                           std::size_t& off) {
+      bool wrote = false;
+      while (off < sizeof h + bytes) {
+        iovec iov[2];
+        int k = 0;
+        if (off < sizeof h) iov[k++] = {const_cast<char*>(reinterpret_cast<const char*>(&h)) + off, sizeof h - off};
+        const std::size_t poff = off < sizeof h ? 0 : off - sizeof h;
+        if (bytes > poff) iov[k++] = {const_cast<std::byte*>(payload) + poff, bytes - poff};
+        msghdr m{};
+        m.msg_iov = iov;
+        m.msg_iovlen = std::size_t(k);
+        const ssize_t w = ::sendmsg(p.s.get(), &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w > 0) {
+          off += std::size_t(w);
+          p.mid_send = off < sizeof h + bytes;  // the stream is inside a frame until it is all written
+          wrote = true;
+          continue;
+        }
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+        const int e = errno;
+        scan_aborts(call);  // a peer that failed closed its end after saying why
+        lost(q, call, std::string("sending to it failed: ") + std::strerror(e));
+      }
+      return wrote;
+    };
+    // The clear-to-send frames this rank owes peer q, written whenever its stream is between frames.
+    auto flush_cts = [&](peer& p, int q) {
+      bool wrote = false;
+      while (p.cts_due > 0 && (!p.mid_send || p.cts_writing)) {
+        if (!p.cts_writing) {
+          p.cts_h = {};
+          p.cts_h.kind = std::uint32_t(tcp_wire::msg_kind::cts);
+          p.cts_h.sig = call.sig;
+          p.cts_off = 0;
+          p.cts_writing = true;
+        }
+        wrote = write_frame(p, q, p.cts_h, nullptr, 0, p.cts_off) || wrote;
+        if (p.cts_off < sizeof p.cts_h) break;
+        p.cts_writing = false;
+        --p.cts_due;
+        --cts_owed_;
+      }
+      return wrote;
+    };
+    // Reads the next frame header from peer q if there is none held; true when one is held.
+    auto header = [&](peer& p, int q, bool& moved) {
+      if (p.have) return true;
+      if (p.mid_recv) return false;  // a receive is reading a payload from this stream
+      while (p.hoff < sizeof p.raw) {
+        const ssize_t r = ::recv(p.s.get(), p.raw + p.hoff, sizeof p.raw - p.hoff, MSG_DONTWAIT);
+        if (r > 0) {
+          p.hoff += std::size_t(r);
+          moved = true;
+          continue;
+        }
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
+        closed(q, call, r == 0 ? 0 : errno);
+      }
+      std::string why;
+      const auto h = tcp_wire::parse_header(std::span<const std::byte, sizeof p.raw>(p.raw), why);
+      if (!h) garbage(q, call, why);
+      if (h->kind == tcp_wire::msg_kind::bye) {
+        p.gone = true;
+        scan_aborts(call);  // it may have left because another rank failed: that is the news
+        call.fail(errc::peer_lost, "lost rank " + std::to_string(q) + ": it has left the job (it made fewer calls than this rank)");
+      }
+      if (h->kind == tcp_wire::msg_kind::abort) aborted(q, call, std::size_t(h->bytes));
+      p.hoff = 0;
+      p.h = *h;
+      p.have = true;
+      return true;
+    };
+    // Takes the held header when it is a cts (for the first send to q that waits for one) or,
+    // while the peer's own request waits behind, an rts (set aside). False when what is held
+    // is for a receive (or nothing is held).
+    auto absorb_control = [&](peer& p) {
+      if (!p.have) return false;
+      if (p.h.kind == tcp_wire::msg_kind::cts) {
+        ++p.cts_got;
+        p.have = false;
+        return true;
+      }
+      if (p.h.kind == tcp_wire::msg_kind::rts && p.aside.size() < kAside) {
+        p.aside.push_back(p.h);
+        p.have = false;
+        return true;
+      }
+      return false;
+    };
+
+    auto advance = [&]() -> bool {
+      bool moved = false;
+      if (cts_owed_ > 0)
+        for (std::size_t q = 0; q < peers_.size(); ++q)
+          if (peers_[q].cts_due > 0) moved = flush_cts(peers_[q], int(q)) || moved;
+      for (std::size_t i = 0; i < sends.size(); ++i) {
+        send_state& st = ss_[i];
+        if (st.phase == send_phase::done || !first_to(sends, ss_, i)) continue;
+        const send_desc& d = sends[i];
+        peer& p = peers_[std::size_t(d.peer)];
+        if (st.phase == send_phase::rts) {
+          if (p.mid_send && !st.writing) continue;
+          st.writing = true;
+          moved = write_frame(p, d.peer, st.h, nullptr, 0, st.off) || moved;
+          if (st.off < sizeof st.h) continue;
+          st.writing = false;
+          st.off = 0;
+          st.phase = send_phase::cts;
+        }
+        if (st.phase == send_phase::cts) {
+          // Read what the peer sends meanwhile until its cts comes (or a frame that is not ours).
+          while (p.cts_got == 0 && header(p, d.peer, moved) && absorb_control(p)) moved = true;
+          if (p.cts_got == 0) continue;
+          --p.cts_got;
+          st.phase = send_phase::data;
+          st.h.kind = std::uint32_t(tcp_wire::msg_kind::data);
+          moved = true;
+        }
+        if (st.phase == send_phase::data) {
+          if (p.mid_send && !st.writing) continue;
+          st.writing = true;
+          moved = write_frame(p, d.peer, st.h, d.data, d.bytes, st.off) || moved;
+          if (st.off < sizeof st.h + d.bytes) continue;
+          st.writing = false;
+          st.phase = send_phase::done;
+          st.done = true;
+          --pending;
+          moved = true;
+          if (p.cts_due > 0) flush_cts(p, d.peer);
+        }
+      }
+      for (std::size_t i = 0; i < recvs.size(); ++i) {
+        recv_state& st = rs_[i];
+        if (st.phase == recv_phase::done || !first_to(recvs, rs_, i)) continue;
+        const recv_desc& d = recvs[i];
+        peer& p = peers_[std::size_t(d.peer)];
+        if (st.phase == recv_phase::rts) {  // a synchronous receive: the sender's request first
+          tcp_wire::parsed_header h;
+          if (!p.aside.empty()) {
+            h = p.aside.front();
+            p.aside.pop_front();
+          } else {
+            while (header(p, d.peer, moved) && p.h.kind == tcp_wire::msg_kind::cts) {  // for a send of ours
+              ++p.cts_got;
+              p.have = false;
+            }
+            if (!p.have) continue;
+            h = p.h;
+            p.have = false;
+          }
+          call.check_match(d.peer, h.sig, std::size_t(h.bytes), d.bytes);  // a peer in another call: mismatch
+          if (h.kind != tcp_wire::msg_kind::rts) garbage(d.peer, call, "a message where a request to send was due");
+          ++p.cts_due;
+          ++cts_owed_;
+          flush_cts(p, d.peer);
+          st.phase = recv_phase::header;
+          moved = true;
+        }
+        if (st.phase == recv_phase::header) {
+          for (;;) {
+            if (!header(p, d.peer, moved)) break;
+            if (p.h.kind == tcp_wire::msg_kind::cts) {  // for a send of ours to this peer
+              ++p.cts_got;
+              p.have = false;
+              continue;
+            }
+            break;
+          }
+          if (!p.have) continue;
+          const tcp_wire::parsed_header& h = p.h;
+          call.check_match(d.peer, h.sig, std::size_t(h.bytes), d.bytes);  // a peer in another call: mismatch
+          if (h.kind != tcp_wire::msg_kind::data) garbage(d.peer, call, "a request to send where a message was due");
+          p.have = false;
+          p.mid_recv = true;
+          st.phase = recv_phase::payload;
+          moved = true;
+        }
+        // The payload.
+        while (st.off < d.bytes) {
+          std::byte* to;
+          std::size_t room;
+          if (d.how == combine::copy) {
+            to = d.dst + st.off;
+            room = d.bytes - st.off;
+          } else {
+            std::vector<std::byte>& b = bounce_[i];
+            to = b.data() + st.fill;
+            room = std::min(b.size() - st.fill, d.bytes - st.off - st.fill);
+          }
+          const ssize_t r = ::recv(p.s.get(), to, room, MSG_DONTWAIT);
+          if (r > 0) {
+            moved = true;
+            if (d.how == combine::copy) {
+              st.off += std::size_t(r);
+              continue;
+            }
+            st.fill += std::size_t(r);
+            // Deliver whole elements once the bounce buffer is full or the message complete.
+            if (st.fill == bounce_[i].size() || st.off + st.fill == d.bytes) {
+              detail::deliver(d, st.off, bounce_[i].data(), st.fill, ctx.comb);
+              st.off += st.fill;
+              st.fill = 0;
+            }
+            continue;
+          }
+          if (r < 0 && errno == EINTR) continue;
+          if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+          closed(d.peer, call, r == 0 ? 0 : errno);
+        }
+        if (st.phase == recv_phase::payload && st.off == d.bytes) {
+          st.phase = recv_phase::done;
+          st.done = true;
+          p.mid_recv = false;
+          --pending;
+        }
+      }
+      return moved;
+    };
+
+    auto first_pending = [&](const char*& what) {
+      for (std::size_t i = 0; i < recvs.size(); ++i)
+        if (rs_[i].phase != recv_phase::done) {
+          what = rs_[i].phase == recv_phase::rts ? "its request to send over tcp" : "its data over tcp";
+          return recvs[i].peer;
+        }
+      for (std::size_t i = 0; i < sends.size(); ++i)
+        if (ss_[i].phase != send_phase::done) {
+          what = sync ? "it to receive this rank's message (over tcp)" : "room to send to it over tcp";
+          return sends[i].peer;
+        }
+      return -1;
+    };
+
+    auto last_move = net::clock::now();
+    while (pending != 0) {
+      if (advance()) {
+        if (pending != 0) last_move = net::clock::now();
+        continue;
+      }
+      const auto now = net::clock::now();
+      if (!crowded_ && now - last_move < kSpinTime) {
+        detail::cpu_relax();
+        continue;
+      }
+      if (now - last_move >= call.timeout) {
+        const char* what = "";
+        const int p = first_pending(what);
+        call.timed_out(p, what);
+      }
+      // A rank that failed told every peer why (an abort frame), also those not waiting for it
+      // in this step: look, so that a failure anywhere ends the wait everywhere.
+      scan_aborts(call);
+      // Sleep in poll() on the sockets that block progress.
+      pfd_.clear();
+      if (cts_owed_ > 0)
+        for (std::size_t q = 0; q < peers_.size(); ++q)
+          if (peers_[q].cts_due > 0) pfd_.push_back({peers_[q].s.get(), POLLOUT, 0});
+      for (std::size_t i = 0; i < sends.size(); ++i) {
+        if (ss_[i].phase == send_phase::done || !first_to(sends, ss_, i)) continue;
+        const short ev = ss_[i].phase == send_phase::cts ? POLLIN : POLLOUT;
+        pfd_.push_back({peers_[std::size_t(sends[i].peer)].s.get(), ev, 0});
+      }
+      for (std::size_t i = 0; i < recvs.size(); ++i)
+        if (rs_[i].phase != recv_phase::done && first_to(recvs, rs_, i))
+          pfd_.push_back({peers_[std::size_t(recvs[i].peer)].s.get(), POLLIN, 0});
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(call.timeout - (now - last_move)).count();
+      ::poll(pfd_.data(), pfd_.size(), int(std::clamp<long long>(left + 1, 1, detail::kSleepSlice.count())));
+      // poll() reports readiness, hang-ups and errors alike: the next advance() finds out which.
+      for (const pollfd& f : pfd_)
+        if (f.revents != 0) last_move = std::max(last_move, now);
+    }
+  }
+
+  /// This rank failed: tell peers why where a stream is between frames, then close
+  /// everything (peers see the connection end and fail with errc::peer_lost).
+  void abort(const std::string& why) noexcept {
+    if (dead_) return;
+    dead_ = true;
+    dead_why_ = why;
+    const std::string reason = why.substr(0, tcp_wire::kMaxAbortReason);
+    const auto until = net::clock::now() + std::chrono::milliseconds(100);  // for all peers together
+    for (peer& p : peers_)
+      if (p.s && !p.mid_send) send_frame(p, tcp_wire::msg_kind::abort, reason, until);
+    close_all();
+  }
+
+  /// Leaves the job normally: peers still waiting for this rank learn that it has left.
+  void leave() noexcept {
+    if (dead_) return;
+    dead_ = true;
+    dead_why_ = "it has left the job";
+    const auto until = net::clock::now() + std::chrono::milliseconds(100);
+    for (peer& p : peers_)
+      if (p.s && !p.mid_send) send_frame(p, tcp_wire::msg_kind::bye, {}, until);
+    close_all();
+  }
+
+ private:
+  struct peer {
+    net::fd s;
+    std::string where;
+    bool mid_send = false, mid_recv = false, gone = false;
+    // incoming: a frame header being read, or read and held until someone takes it
+    std::byte raw[sizeof(tcp_wire::msg_header)];
+    std::size_t hoff = 0;
+    bool have = false;
+    tcp_wire::parsed_header h;
+    std::deque<tcp_wire::parsed_header> aside;  // the peer's requests to send, read while waiting for its cts
+    int cts_got = 0;                            // clear-to-sends received, not yet used
+    // outgoing: clear-to-sends owed, and the one being written
+    int cts_due = 0;
+    bool cts_writing = false;
+    tcp_wire::msg_header cts_h;
+    std::size_t cts_off = 0;
+  };
+  enum class send_phase : std::uint8_t { rts, cts, data, done };
+  enum class recv_phase : std::uint8_t { rts, header, payload, done };
+  struct send_state {
+    tcp_wire::msg_header h;
+    send_phase phase = send_phase::data;
+    bool writing = false;  // this send's frame is the one the stream is inside
+    std::size_t off = 0;   // bytes of the frame written
+    bool done = false;     // (may_progress reads it)
+  };
+  struct recv_state {
+    recv_phase phase = recv_phase::header;
+    std::size_t off = 0;   // payload bytes delivered
+    std::size_t fill = 0;  // reductions: bytes waiting in the bounce buffer
+    bool done = false;
+  };
+
+  static void send_frame(peer& p, tcp_wire::msg_kind k, const std::string& payload, net::clock::time_point until) noexcept {
+    tcp_wire::msg_header h;
+    h.kind = std::uint32_t(k);
+    h.bytes = payload.size();
+    std::string b(reinterpret_cast<const char*>(&h), sizeof h);
+    b += payload;
+    // Best effort within a short time: a peer whose buffers are full learns from the close.
+    (void)net::write_all(p.s.get(), b.data(), b.size(), until);
+  }
+
+  void close_all() noexcept {
+    for (peer& p : peers_) p.s.reset();
+  }
+
+  [[noreturn]] void lost(int q, const call_info& call, const std::string& what) {
+    peers_[std::size_t(q)].gone = true;
+    call.fail(errc::peer_lost, "lost rank " + std::to_string(q) + " (" + peers_[std::size_t(q)].where + "): " + what);
+  }
+  /// Throws the reason of the first peer whose stream, between frames, starts with an abort
+  /// frame (read without consuming anything else).
+  void scan_aborts(const call_info& call) {
+    for (std::size_t q = 0; q < peers_.size(); ++q) {
+      peer& p = peers_[q];
+      if (!p.s || p.hoff != 0 || p.have || p.mid_recv) continue;
+      tcp_wire::msg_header h;
+      const ssize_t r = ::recv(p.s.get(), &h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
+      if (r != ssize_t(sizeof h) || h.magic != tcp_wire::kMsgMagic || h.kind != std::uint32_t(tcp_wire::msg_kind::abort) ||
+          h.bytes > tcp_wire::kMaxAbortReason)
+        continue;
+      (void)!::recv(p.s.get(), &h, sizeof h, MSG_DONTWAIT);
+      aborted(int(q), call, std::size_t(h.bytes));
+    }
+  }
+
+  [[noreturn]] void closed(int q, const call_info& call, int err) {
+    scan_aborts(call);
+    if (err == 0) lost(q, call, "its connection closed without a farewell (the process died or was killed)");
+    lost(q, call, std::string("its connection failed: ") + std::strerror(err));
+  }
+  [[noreturn]] void garbage(int q, const call_info& call, const std::string& why) {
+    peers_[std::size_t(q)].s.reset();  // the stream is out of step: never read it again
+    call.fail(errc::transport_error, "garbage on the connection from rank " + std::to_string(q) + " (" +
+                                         peers_[std::size_t(q)].where + "): " + why);
+  }
+  [[noreturn]] void aborted(int q, const call_info& call, std::size_t reason_bytes) {
+    std::string why(reason_bytes, '\0');  // bounded by parse_header (kMaxAbortReason)
+    const auto r = net::read_exact(peers_[std::size_t(q)].s.get(), why.data(), why.size(), net::clock::now() + std::chrono::seconds(1));
+    if (r != net::io::ok) why = "(reason lost)";
+    for (char& c : why)
+      if (static_cast<unsigned char>(c) < 32 && c != '\n') c = '?';
+    lost(q, call, "it failed: " + why);
+  }
+
+  std::vector<peer> peers_;
+  int cts_owed_ = 0;  // clear-to-sends owed to all peers together
+  bool crowded_ = false;
+  bool dead_ = false;
+  std::string dead_why_;
+  std::vector<send_state> ss_;
+  std::vector<recv_state> rs_;
+  std::vector<std::vector<std::byte>> bounce_;
+  std::vector<pollfd> pfd_;
+};
+
+}  // namespace collx::transport::tcp_detail
