@@ -160,4 +160,32 @@ std::string run_broadcast(int n, std::size_t count, int root, Algo a = {}) {
   });
 }
 
+/// all_gather in place, as NCCL defines it: `in` is this rank's block of `out`.
+template <class E, class Algo, class L = threads>
+std::string run_all_gather_in_place(int n, std::size_t k, Algo a = {}) {
+  std::vector<E> want(k * std::size_t(n));
+  for (int r = 0; r < n; ++r)
+    for (std::size_t i = 0; i < k; ++i) want[std::size_t(r) * k + i] = payload<E>(r, i);
+  return run_checked<L>(n, [&](auto& comm, auto note) {
+    const int r = comm.rank();
+    std::vector<E> out(k * std::size_t(n));
+    for (std::size_t i = 0; i < k; ++i) out[std::size_t(r) * k + i] = payload<E>(r, i);
+    collx::all_gather(comm, std::span<const E>{out.data() + std::size_t(r) * k, k}, std::span{out}, a);
+    note(compare(out, want));
+  });
+}
+
+/// reduce_scatter in place, as NCCL defines it: `out` is this rank's block of `in`.
+template <class E, class Op, class Algo, class L = threads>
+std::string run_reduce_scatter_in_place(int n, std::size_t k, Op op = {}, Algo a = {}) {
+  const auto want = reference<E>(op, n, k * std::size_t(n));
+  return run_checked<L>(n, [&](auto& comm, auto note) {
+    const int r = comm.rank();
+    auto b = inputs<E, Op>(r, k * std::size_t(n));
+    collx::reduce_scatter(comm, std::span<const E>{b}, std::span{b.data() + std::size_t(r) * k, k}, op, a);
+    note(compare(b, std::vector<E>(want.begin() + std::ptrdiff_t(k) * r, want.begin() + std::ptrdiff_t(k) * (r + 1)),
+                 std::size_t(r) * k));
+  });
+}
+
 }  // namespace collx_test

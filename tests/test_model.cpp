@@ -450,3 +450,94 @@ TEST_CASE("automatic: every rank takes rank 0's parameters", "[model][automatic]
   CHECK(agreed == 5);
   std::filesystem::remove_all(dir);
 }
+
+namespace {
+template <class A>
+void check_profile(const A& a, const model::problem& pr) {
+  if (!model::supports<A>(pr.coll, pr.commutative)) return;
+  CAPTURE(A::name, model::name(pr.coll), pr.n, pr.count, pr.commutative, pr.root);
+  const model::cost walk = model::analyse(model::schedules(a, pr), pr.elem);
+  const model::cost fast = model::profile(a, pr);
+  CHECK(fast.steps == walk.steps);
+  CHECK(fast.bytes == walk.bytes);
+  CHECK(fast.both == walk.both);
+  CHECK(fast.reduced == walk.reduced);
+  const auto x = fast.expanded(), y = walk.expanded();
+  REQUIRE(x.size() == y.size());
+  for (std::size_t t = 0; t < x.size(); ++t) {
+    CAPTURE(t);
+    CHECK(x[t].active == y[t].active);
+    CHECK(x[t].bytes == y[t].bytes);
+    CHECK(x[t].both == y[t].both);
+    CHECK(x[t].reduced == y[t].reduced);
+  }
+}
+}  // namespace
+
+TEMPLATE_TEST_CASE("the model's profile (policy structure, or one rank at a time) equals the walk of every rank's schedule",
+                   "[model][profile]", algo::ring, algo::tree, algo::recursive_halving, algo::recursive_doubling,
+                   algo::pairwise) {
+  // Small pipeline chunks, so that chains and trees pipeline many chunks at small counts.
+  TestType a{};
+  if constexpr (requires { a.chunk_bytes; }) a.chunk_bytes = 64;
+  for (int n : {1, 2, 3, 4, 5, 7, 8, 13, 16, 17, 31, 32, 33})
+    for (std::size_t count : {std::size_t(0), std::size_t(1), std::size_t(n - 1 > 0 ? n - 1 : 1), std::size_t(n),
+                              std::size_t(n + 1), std::size_t(1009), std::size_t(65537)})
+      for (collective c : model::all_collectives)
+        for (bool commutative : {true, false}) {
+          check_profile(a, {c, n, count, 4, n / 2, commutative});
+          if (n > 2) check_profile(a, {c, n, count, 2, n - 1, commutative});
+        }
+  // the default chunks, a segmented all_reduce (full segments, then a partial one), and
+  // pairwise all-gather blocks above the one-step limit
+  const TestType d{};
+  for (int n : {3, 5, 8}) {
+    check_profile(d, {collective::all_reduce, n, algo::tuning::all_reduce_segment_from_bytes / 4 + 4099, 4, 0, true});
+    check_profile(d, {collective::broadcast, n, std::size_t(3) << 20, 4, 1, true});
+    check_profile(d, {collective::all_gather, n, algo::tuning::a2a_one_step_bytes / 4 + 3, 4, 0, true});
+  }
+}
+
+TEST_CASE("only rank 0 looks for calibration files", "[model][calibration]") {
+  // before: every rank read $XDG_CACHE_HOME (a storm on a shared file system at scale)
+  const auto before = model::calibration_lookups().load();
+  collx::launch_threads(8, [](auto& comm) {
+    std::vector<float> v(1000, 1.0f);
+    collx::all_reduce(comm, std::span{v}, collx::ops::sum{});
+    collx::all_reduce(comm, std::span{v}, collx::ops::sum{});
+  });
+  CHECK(model::calibration_lookups().load() - before == 1);
+}
+
+TEST_CASE("the schedule cache is bounded by bytes, and a cycle of 50 shapes hits", "[model][cache]") {
+  // before: 8 slots round robin, so a cycle of more than 8 shapes missed on every call
+  std::vector<std::uint64_t> misses(3), hits(3), bytes(3), decisions(3);
+  collx::launch_threads(3, [&](auto& comm) {
+    auto cycle = [&] {
+      for (std::size_t shape = 0; shape < 50; ++shape) {
+        std::vector<float> v(1000 + 37 * shape, 1.0f);
+        collx::all_reduce(comm, std::span{v}, collx::ops::sum{});
+        if (v[0] != 3.0f) throw std::runtime_error("wrong sum");
+      }
+    };
+    cycle();
+    const auto first = comm.schedules().misses();
+    cycle();
+    cycle();
+    const auto r = std::size_t(comm.rank());
+    misses[r] = comm.schedules().misses() - first;
+    hits[r] = comm.schedules().hits();
+    decisions[r] = comm.automatic().decisions.size();
+    // A small budget keeps the cache under it, and every call still runs right.
+    comm.schedules().set_budget(std::size_t(4) << 10);
+    cycle();
+    bytes[r] = comm.schedules().bytes();
+  });
+  for (int r = 0; r < 3; ++r) {
+    CAPTURE(r);
+    CHECK(misses[std::size_t(r)] == 0);  // the second and third cycles found every schedule
+    CHECK(hits[std::size_t(r)] >= 100);
+    CHECK(decisions[std::size_t(r)] == 50);
+    CHECK(bytes[std::size_t(r)] <= std::size_t(4) << 10);
+  }
+}

@@ -1,6 +1,8 @@
 // Every built-in op with int32, float and bfloat16 (bitwise ops: integers only).
 #include <catch2/catch.hpp>
 
+#include <mutex>
+
 #include "harness.hpp"
 
 using namespace collx_test;
@@ -46,4 +48,26 @@ TEST_CASE("avg divides once, after the sum (integer division for integers)", "[o
     collx::all_reduce(comm, std::span{f}, ops::avg{});
     if (v[0] != 2 || f[0] != 1.0f) throw std::runtime_error("avg wrong");
   });
+}
+
+TEST_CASE("avg of small integers at many ranks divides in a wide type (uint8_t(256) is 0)", "[ops][overflow]") {
+  // before: x / uint8_t(256), a division by zero; int8_t(200) is negative
+  CHECK(ops::avg::finalize(std::uint8_t(255), 256) == 0);
+  CHECK(ops::avg::finalize(std::uint8_t(255), 255) == 1);
+  CHECK(ops::avg::finalize(std::int8_t(-100), 200) == 0);
+  CHECK(ops::avg::finalize(std::int8_t(-100), 50) == -2);
+  CHECK(ops::avg::finalize(std::uint16_t(65535), 70000) == 0);
+  CHECK(ops::avg::finalize(std::int32_t(-7), 2) == -3);
+  // 256 ranks, each contributing 1: the uint8 sum wraps to 0, and 0 / 256 is 0 on every rank
+  std::vector<std::string> bad;
+  std::mutex mu;
+  collx::launch_threads(256, [&](auto& comm) {
+    std::vector<std::uint8_t> v(3, 1);
+    collx::all_reduce(comm, std::span{v}, ops::avg{}, algo::recursive_doubling{});
+    if (v != std::vector<std::uint8_t>(3, 0)) {
+      std::lock_guard lk(mu);
+      bad.push_back(std::to_string(comm.rank()));
+    }
+  });
+  CHECK(bad.empty());
 }

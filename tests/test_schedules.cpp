@@ -102,3 +102,26 @@ TEST_CASE("describe() prints a schedule", "[schedule]") {
   CHECK(d.find("t0: send in[0+2] -> rank 2") != std::string::npos);
   CHECK(d.find("recv rank 0 -> tmp[0+2] = recv (+) in[6+2]") != std::string::npos);
 }
+
+TEST_CASE("chunk counts stay bounded and positive for any chunk_bytes and count", "[schedule][overflow]") {
+  namespace tuning = collx::algo::tuning;
+  // before: int(count / per) went negative for 2^40 one-byte chunks
+  for (std::size_t count : {std::size_t(0), std::size_t(1), std::size_t(1) << 20, std::size_t(1) << 40, ~std::size_t(0) / 8}) {
+    for (std::size_t chunk_bytes : {std::size_t(0), std::size_t(1), std::size_t(3), std::size_t(256) << 10}) {
+      CAPTURE(count, chunk_bytes);
+      const collx::partition p = algo::chunks(count, 4, chunk_bytes);
+      CHECK(p.parts >= 1);
+      CHECK(std::size_t(p.parts) <= tuning::max_pipeline_chunks);
+      CHECK(p.end(p.parts - 1) == count);
+    }
+  }
+  // A chain broadcast with 1-byte chunks of a 10 MB buffer: at most max_pipeline_chunks + n steps
+  const algo::ring tiny{.chunk_bytes = 1};
+  const collx::schedule s = tiny.broadcast({1, 4, 0, std::size_t(10) << 20, 1});
+  CHECK(std::size_t(s.span()) <= tuning::max_pipeline_chunks + 4);
+  std::size_t covered = 0;
+  for (const auto& r : s.recvs()) covered += r.dst.count;
+  CHECK(covered == std::size_t(10) << 20);
+  const collx::schedule t = algo::tree{.chunk_bytes = 4}.all_reduce({2, 5, std::size_t(1) << 22, 4, true, collx::buf::in});
+  CHECK(std::size_t(t.span()) <= tuning::max_pipeline_chunks + 2 * 4);
+}

@@ -2,6 +2,8 @@
 // policy must either reduce in rank order or refuse at compile time (tests/compile_fail).
 #include <catch2/catch.hpp>
 
+#include <mutex>
+
 #include "harness.hpp"
 
 namespace algo = collx::algo;
@@ -90,12 +92,45 @@ TEST_CASE("recursive doubling all-reduces a non-commutative op in rank order", "
     }
 }
 
-TEST_CASE("ops::make wraps a lambda", "[user_op]") {
-  auto absmax = collx::ops::make([](float a, float b) { return std::max(std::abs(a), std::abs(b)); });
+TEST_CASE("ops::make wraps a lambda, and says whether it is commutative", "[user_op]") {
+  auto absmax = collx::ops::make([](float a, float b) { return std::max(std::abs(a), std::abs(b)); }, collx::ops::commutative);
+  static_assert(collx::is_commutative_v<decltype(absmax)>);
   collx::launch_threads(5, [&](auto& comm) {
     std::vector<float> v(17, comm.rank() % 2 ? -float(comm.rank()) : float(comm.rank()));
     collx::all_reduce(comm, std::span{v}, absmax);
     for (float x : v)
       if (x != 4.0f) throw std::runtime_error("absmax wrong");
   });
+  // Non-commutative (and associative): appending decimal digits, "12" (+) "3" = "123"; every
+  // policy that takes it returns in0 (+) in1 (+) ... in rank order (the ring refuses it at
+  // compile time: tests/compile_fail/ring_make_noncommutative.cpp).
+  struct digits {
+    std::uint64_t v, p;  // the number, and 10^(its digits)
+  };
+  auto append = collx::ops::make([](digits a, digits b) { return digits{a.v * b.p + b.v, a.p * b.p}; },
+                                 collx::ops::non_commutative);
+  static_assert(!collx::is_commutative_v<decltype(append)>);
+  for (int n : {1, 2, 3, 5, 7}) {
+    std::uint64_t want = 0;
+    for (int r = 0; r < n; ++r) want = want * 10 + std::uint64_t(r + 1);
+    std::vector<std::string> bad;
+    std::mutex mu;
+    auto check = [&](auto algo) {
+      collx::launch_threads(n, [&](auto& comm) {
+        std::vector<digits> v(9, digits{std::uint64_t(comm.rank() + 1), 10});
+        collx::all_reduce(comm, std::span{v}, append, algo);
+        for (auto x : v)
+          if (x.v != want) {
+            std::lock_guard lk(mu);
+            bad.push_back(std::to_string(x.v));
+          }
+      });
+    };
+    check(algo::tree{});
+    check(algo::recursive_halving{});
+    check(algo::recursive_doubling{});
+    check(algo::automatic{});
+    CAPTURE(n, want);
+    CHECK(bad.empty());
+  }
 }

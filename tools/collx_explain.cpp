@@ -31,6 +31,10 @@
 #include <collx/collx.hpp>
 #include <collx/model.hpp>
 
+#include <chrono>
+
+#include "heap_meter.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -314,6 +318,28 @@ std::string combine_text(const collx::recv_op& r, const namer& nm) {
   return nm.where(r.dst) + " = " + nm.where(r.with) + " (+) recv";
 }
 
+/// The model's numbers for one policy: the critical path and the predicted time.
+void print_model_lines(const model::cost& cost, const config& cfg) {
+  const model::params& p = cfg.params;
+  std::printf("   model: critical path %lld steps, %s moved (%s of it while also receiving), %s reduced\n", (long long)cost.steps,
+              human(double(cost.bytes)).c_str(), human(double(cost.both)).c_str(), human(double(cost.reduced)).c_str());
+  model::params flat = p;
+  flat.cores = 0;
+  std::printf("   predicted: alpha x %lld + beta x (%llu + %.2f x %llu) + gamma x %llu = %s\n", (long long)cost.steps,
+              (unsigned long long)cost.bytes, p.delta, (unsigned long long)cost.both, (unsigned long long)cost.reduced,
+              human_time(model::predict(cost, flat)).c_str());
+  if (model::predict(cost, p) != model::predict(cost, flat)) {
+    std::uint32_t lo = UINT32_MAX, hi = 0;
+    for (const auto& st : cost.per_step) lo = std::min(lo, st.active), hi = std::max(hi, st.active);
+    std::printf("   sharing cores: steps with %u..%u active ranks, each charged max(1, a/%d)/(%d/%d) of a full step: %s\n", lo,
+                hi, p.cores, p.ranks, p.cores, human_time(model::predict(cost, p)).c_str());
+  }
+}
+
+/// Above this many ranks a policy's operation table and per-rank counts (which walk every rank's
+/// schedule, and print N lines per step) give way to the model's profile alone.
+constexpr int kTableRanks = 64;
+
 template <class Algo>
 bool print_policy(const Algo& a, const config& cfg) {
   if constexpr (!Algo::keeps_rank_order) {
@@ -323,6 +349,15 @@ bool print_policy(const Algo& a, const config& cfg) {
                   Algo::name);
       return true;
     }
+  }
+  if (cfg.n > kTableRanks) {
+    const model::problem pr = problem_of(cfg);
+    if (!model::supports<Algo>(pr.coll, pr.commutative)) return true;
+    std::printf("\n== %s %s, N = %d, D = %s (N > %d: the model's profile only; the operation table and per-rank\n"
+                "   counts walk every rank's schedule and are printed up to N = %d)\n",
+                Algo::name, model::name(cfg.c), cfg.n, human(double(cfg.bytes)).c_str(), kTableRanks, kTableRanks);
+    print_model_lines(model::profile(a, pr), cfg);
+    return true;
   }
   int ag_shift = -1;
   const std::vector<schedule> all = model::schedules(a, problem_of(cfg), &ag_shift);
@@ -468,20 +503,7 @@ bool print_policy(const Algo& a, const config& cfg) {
               : diff == 0                                  ? " (matches)"
               : std::abs(diff) <= double(2 * n * int(elem)) ? " (matches up to partition rounding)"
                                                            : " (differs)");
-  const model::params& p = cfg.params;
-  std::printf("   model: critical path %d steps, %s moved (%s of it while also receiving), %s reduced\n", cost.steps,
-              human(double(cost.bytes)).c_str(), human(double(cost.both)).c_str(), human(double(cost.reduced)).c_str());
-  model::params flat = p;
-  flat.cores = 0;
-  std::printf("   predicted: alpha x %d + beta x (%llu + %.2f x %llu) + gamma x %llu = %s\n", cost.steps,
-              (unsigned long long)cost.bytes, p.delta, (unsigned long long)cost.both, (unsigned long long)cost.reduced,
-              human_time(model::predict(cost, flat)).c_str());
-  if (model::predict(cost, p) != model::predict(cost, flat)) {
-    std::uint32_t lo = UINT32_MAX, hi = 0;
-    for (const auto& st : cost.per_step) lo = std::min(lo, st.active), hi = std::max(hi, st.active);
-    std::printf("   sharing cores: steps with %u..%u active ranks, each charged max(1, a/%d)/(%d/%d) of a full step: %s\n", lo,
-                hi, p.cores, p.ranks, p.cores, human_time(model::predict(cost, p)).c_str());
-  }
+  print_model_lines(cost, cfg);
 
   return problem.empty();
 }
@@ -578,7 +600,12 @@ void print_summary(const config& cfg) {
   const model::problem pr = problem_of(cfg);
   const auto cands = candidates(cfg, pr);
   if (cands.empty() || cfg.n < 2) return;
-  const model::choice pick = model::best(pr, cfg.params), best = best_of(cfg, pr);
+  const std::size_t heap0 = heap_meter::start();
+  const auto t0 = std::chrono::steady_clock::now();
+  const model::choice pick = model::best(pr, cfg.params);
+  const double decision_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const std::size_t decision_heap = heap_meter::held_since(heap0);
+  const model::choice best = best_of(cfg, pr);
   std::printf("\n== the cost model: %s, N = %d, D = %s%s\n", model::name(cfg.c), cfg.n, human(double(pr.bytes())).c_str(),
               cfg.commutative ? "" : ", non-commutative op");
   std::printf("   time = alpha x steps + beta x (bytes + delta x both) + gamma x reduced, on the critical path\n");
@@ -592,10 +619,13 @@ void print_summary(const config& cfg) {
   std::printf("   %-20s %7s %12s %12s %12s %10s\n", "policy", "steps", "bytes", "reduced", "predicted", "busbw");
   for (const auto& c : cands) {
     const double bw = c.seconds > 0 ? double(pr.bytes()) / c.seconds * bus_factor(cfg.c, cfg.n) / 1e9 : 0;
-    std::printf("   %-20s %7d %12llu %12llu %12s %7.2f GB/s%s\n", model::name(c.policy), c.c.steps,
+    std::printf("   %-20s %7lld %12llu %12llu %12s %7.2f GB/s%s\n", model::name(c.policy), (long long)c.c.steps,
                 (unsigned long long)c.c.bytes, (unsigned long long)c.c.reduced, human_time(c.seconds).c_str(), bw,
                 c.policy == pick ? "   <- algo::automatic" : c.policy == best ? "   <- the best of these" : "");
   }
+  std::printf("   algo::automatic's decision for this shape: %.3f ms, %s of memory held (model::best on a new shape;\n"
+              "   bench/model_bench.cpp measures it at N = 64, 256, 1024)\n",
+              decision_ms, human(double(decision_heap)).c_str());
   const auto xs = crossovers(cfg, 8, std::size_t(1) << 30);
   std::printf("   the best %s by size (8 B .. 1 GiB, this model):\n", cfg.policy.empty() ? "policy" : "of these");
   for (std::size_t i = 0; i < xs.size(); ++i) {

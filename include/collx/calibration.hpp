@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -150,7 +151,15 @@ inline std::string write_calibration(const std::string& path, std::string_view t
 /// The parameters for `transport` with `ranks` ranks: this machine's calibration for that rank
 /// count, else for the nearest calibrated one (fewer ranks first), else the shipped defaults,
 /// with `source` saying which (and why no calibration was used).
+/// How many times this process has looked for calibration files (params_for): a job's
+/// automatic policy does once, on rank 0, however many ranks it has (tests check it).
+inline std::atomic<std::uint64_t>& calibration_lookups() {
+  static std::atomic<std::uint64_t> n{0};
+  return n;
+}
+
 inline params params_for(std::string_view transport, int ranks) {
+  calibration_lookups().fetch_add(1, std::memory_order_relaxed);
   std::string why;
   if (auto p = read_calibration(calibration_file(transport, ranks), &why)) return *p;
   // Other rank counts calibrated for this transport, nearest first (fewer ranks win ties); the

@@ -153,7 +153,7 @@ constexpr bool check_op() {
   static_assert(std::is_trivially_copyable_v<E>, "collx: element types must be trivially copyable");
   static_assert(requires { typename Op::reduction_op_concept; },
                 "collx: not a reduction op: add `using reduction_op_concept = collx::reduction_op_tag;` to the "
-                "functor, or wrap a lambda with collx::ops::make(f)");
+                "functor, or wrap a lambda with collx::ops::make(f, collx::ops::commutative) (or ops::non_commutative)");
   if constexpr (requires { typename Op::reduction_op_concept; }) {
     static_assert(std::same_as<typename Op::reduction_op_concept, reduction_op_tag>,
                   "collx: reduction_op_concept must be collx::reduction_op_tag");

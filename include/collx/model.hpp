@@ -32,6 +32,15 @@
 // all-reduce 2(N-1) steps and 2(N-1)/N·D bytes; recursive halving 2·log2 N steps; the double
 // binary tree 2·ceil(log2 N) steps for one chunk.
 //
+// At scale. Walking every rank's schedule is O(N²) for a ring (N ranks of N-1 steps each) and
+// builds N schedules; a decision at a thousand ranks must not. So decisions use profile(): the
+// same per-step loads (algo/profile.hpp) from the policy's own structure where it has one (ring,
+// pairwise all-gather, the double binary tree), else from a walk that builds one rank's schedule
+// at a time and keeps only the per-step maxima (O(N log N) for the log-step policies), and for a
+// segmented all_reduce one segment's profile, repeated. tests/test_model.cpp checks profile()
+// against the full walk (analyse), and bench/model_bench.cpp measures a decision at N = 64, 256,
+// 1024 (collx-explain -n 1024 prints what one costs).
+//
 // algo::automatic picks, per call, the policy with the least predicted time (best()).
 #include <algorithm>
 #include <cstddef>
@@ -45,6 +54,7 @@
 #include "algo/automatic.hpp"
 #include "algo/compose.hpp"
 #include "algo/pairwise.hpp"
+#include "algo/profile.hpp"
 #include "algo/recursive_doubling.hpp"
 #include "algo/recursive_halving.hpp"
 #include "algo/ring.hpp"
@@ -248,62 +258,171 @@ inline std::vector<schedule> schedules(choice p, const problem& pr, int* ag_star
 
 /// What a call costs, read off its schedules.
 struct cost {
-  int steps = 0;              // the critical path: the common timeline's length
+  std::int64_t steps = 0;     // the critical path: the common timeline's length
   std::uint64_t bytes = 0;    // Σ over steps of the most bytes one rank sends or receives in it
   std::uint64_t both = 0;     // Σ over steps of the most bytes one rank moves in its smaller direction
   std::uint64_t reduced = 0;  // Σ over steps of the most bytes one rank reduces in it
-  std::vector<transport::traffic> ranks;  // per rank, what transport::counting records
-  struct step_cost {
-    std::uint32_t active = 0;  // ranks with a message in this step
-    std::uint64_t bytes = 0, both = 0, reduced = 0;
-  };
-  std::vector<step_cost> per_step;  // along the timeline
+  std::vector<transport::traffic> ranks;  // per rank, what transport::counting records (analyse only)
+  using step_cost = algo::step_load;
+  /// Along the timeline, as runs of equal steps: per_step, `periods` times over, then `tail`
+  /// (a segmented all_reduce: its full segments, then the last).
+  algo::load_runs per_step;
+  std::uint64_t periods = 1;
+  algo::load_runs tail;
+
+  /// The steps one at a time (for tests and small problems: it expands every run).
+  std::vector<step_cost> expanded() const {
+    std::vector<step_cost> v;
+    auto put = [&](const algo::load_runs& r) {
+      for (const step_cost& s : r)
+        for (std::uint64_t i = 0; i < s.repeat; ++i) v.push_back({s.active, s.bytes, s.both, s.reduced, 1});
+    };
+    for (std::uint64_t p = 0; p < periods; ++p) put(per_step);
+    put(tail);
+    return v;
+  }
+  /// Sets the totals from the runs.
+  void total() {
+    steps = 0;
+    bytes = both = reduced = 0;
+    auto add = [&](const algo::load_runs& r, std::uint64_t times) {
+      for (const step_cost& s : r) {
+        steps += std::int64_t(s.repeat * times);
+        bytes += s.bytes * s.repeat * times;
+        both += s.both * s.repeat * times;
+        reduced += s.reduced * s.repeat * times;
+      }
+    };
+    add(per_step, periods);
+    add(tail, 1);
+  }
 };
 
-/// Walks every rank's schedule (elements of `elem` bytes).
+/// Walks every rank's schedule (elements of `elem` bytes): the per-rank counts and the loads.
 inline cost analyse(std::span<const schedule> all, std::size_t elem) {
   cost c;
-  const int span = timeline(all);
-  c.steps = span;
-  std::vector<std::uint64_t> moved(std::size_t(span), 0), both(std::size_t(span), 0), reduced(std::size_t(span), 0);
-  std::vector<std::uint32_t> active(std::size_t(span), 0);
+  algo::load_maxima m;
   for (const schedule& s : all) {
     transport::traffic t;
     for (const step& st : s.steps()) {
       if (st.sends_end == st.sends_begin && st.recvs_end == st.recvs_begin) continue;
       ++t.steps;
-      std::uint64_t out = 0, in = 0, red = 0;
       for (auto i = st.sends_begin; i < st.sends_end; ++i) {
         ++t.messages_sent;
-        out += s.sends()[i].src.count * elem;
+        t.bytes_sent += s.sends()[i].src.count * elem;
       }
       for (auto i = st.recvs_begin; i < st.recvs_end; ++i) {
         const recv_op& r = s.recvs()[i];
         ++t.messages_received;
-        in += r.dst.count * elem;
-        if (r.how != combine::copy) red += r.dst.count * elem;
+        t.bytes_received += r.dst.count * elem;
+        if (r.how != combine::copy) t.bytes_reduced += r.dst.count * elem;
       }
-      t.bytes_sent += out;
-      t.bytes_received += in;
-      t.bytes_reduced += red;
-      ++active[std::size_t(st.time)];
-      auto& m = moved[std::size_t(st.time)];
-      m = std::max({m, out, in});
-      both[std::size_t(st.time)] = std::max(both[std::size_t(st.time)], std::min(out, in));
-      reduced[std::size_t(st.time)] = std::max(reduced[std::size_t(st.time)], red);
     }
     c.ranks.push_back(t);
+    m.add(s, elem);
   }
-  for (int i = 0; i < span; ++i) {
-    c.bytes += moved[std::size_t(i)];
-    c.both += both[std::size_t(i)];
-    c.reduced += reduced[std::size_t(i)];
-    c.per_step.push_back({active[std::size_t(i)], moved[std::size_t(i)], both[std::size_t(i)], reduced[std::size_t(i)]});
-  }
+  c.per_step = m.runs();
+  c.total();
   return c;
 }
 
 inline cost analyse(choice p, const problem& pr) { return analyse(schedules(p, pr), pr.elem); }
+
+namespace detail {
+/// The loads of building every rank's schedule with build(rank), one at a time.
+template <class Build>
+algo::load_runs walk(int n, std::size_t elem, Build&& build) {
+  algo::load_maxima m;
+  for (int r = 0; r < n; ++r) m.add(build(r), elem);
+  return m.runs();
+}
+
+template <class A>
+algo::load_runs rs_loads(const A& a, algo::rs_problem p) {
+  if constexpr (requires { a.reduce_scatter_loads(p); }) return a.reduce_scatter_loads(p);
+  else return walk(p.size, p.elem_size, [&](int r) { p.rank = r; return a.reduce_scatter(p); });
+}
+template <class A>
+algo::load_runs ag_loads(const A& a, algo::ag_problem p) {
+  if constexpr (requires { a.all_gather_loads(p); }) return a.all_gather_loads(p);
+  else return walk(p.size, p.elem_size, [&](int r) { p.rank = r; return a.all_gather(p); });
+}
+template <class A>
+algo::load_runs ar_loads(const A& a, algo::ar_problem p) {
+  if constexpr (requires { a.all_reduce_loads(p); }) return a.all_reduce_loads(p);
+  else return walk(p.size, p.elem_size, [&](int r) { p.rank = r; return a.all_reduce(p); });
+}
+template <class A>
+algo::load_runs bcast_loads(const A& a, algo::bcast_problem p) {
+  if constexpr (requires { a.broadcast_loads(p); }) return a.broadcast_loads(p);
+  else return walk(p.size, p.elem_size, [&](int r) { p.rank = r; return a.broadcast(p); });
+}
+template <class A>
+algo::load_runs reduce_loads(const A& a, algo::reduce_problem p) {
+  if constexpr (requires { a.reduce_loads(p); }) return a.reduce_loads(p);
+  else return walk(p.size, p.elem_size, [&](int r) { p.rank = r; return a.reduce(p); });
+}
+}  // namespace detail
+
+/// What a call costs, from the policy's structure or a walk of one rank at a time (see the
+/// top): the same loads and totals as analyse(schedules(a, pr)), without the per-rank counts,
+/// in O(N log N) time and O(timeline) memory at most.
+template <class A>
+cost profile(const A& a, const problem& pr) {
+  cost c;
+  if (!supports<A>(pr.coll, pr.commutative) || pr.count == 0) return c;
+  const int n = pr.n;
+  const std::size_t k = pr.count, e = pr.elem;
+  const auto un = std::size_t(n);
+  switch (pr.coll) {
+    case collective::all_reduce:
+      if constexpr (requires(const algo::ar_problem& p) { a.all_reduce(p); }) {
+        c.per_step = detail::ar_loads(a, {0, n, k, e, pr.commutative, buf::in});
+      } else if constexpr (requires(const algo::rs_problem& p) { a.reduce_scatter(p); }) {
+        // reduce-scatter + all-gather per segment (algo/compose.hpp): the full segments alike
+        auto segment = [&](std::size_t len) {
+          const partition blocks(len, n);
+          algo::load_runs r = detail::rs_loads(a, {0, n, blocks, buf::in, buf::out, e, pr.commutative});
+          algo::append_loads(r, detail::ag_loads(a, {0, n, blocks, true, 0, e}));
+          return r;
+        };
+        const std::size_t seg = algo::tuning::all_reduce_segment(k, e);
+        c.per_step = segment(seg);
+        c.periods = k / seg;
+        if (k % seg != 0) c.tail = segment(k % seg);
+      }
+      break;
+    case collective::reduce_scatter:
+      if constexpr (requires(const algo::rs_problem& p) { a.reduce_scatter(p); })
+        c.per_step = detail::rs_loads(a, {0, n, partition(k * un, n), buf::in, buf::none, e, pr.commutative});
+      break;
+    case collective::all_gather:
+      if constexpr (requires(const algo::ag_problem& p) { a.all_gather(p); })
+        c.per_step = detail::ag_loads(a, {0, n, partition(k * un, n), false, 0, e});
+      break;
+    case collective::broadcast:
+      if constexpr (requires(const algo::bcast_problem& p) { a.broadcast(p); })
+        c.per_step = detail::bcast_loads(a, {0, n, pr.root, k, e});
+      break;
+    case collective::reduce:
+      if constexpr (requires(const algo::reduce_problem& p) { a.reduce(p); })
+        c.per_step = detail::reduce_loads(a, {0, n, pr.root, k, e, pr.commutative});
+      break;
+    case collective::all_to_all:
+      if constexpr (requires(const algo::a2a_problem& p) { a.all_to_all(p); }) {
+        std::vector<std::size_t> counts(un, k), offs(un);
+        for (std::size_t i = 0; i < un; ++i) offs[i] = i * k;
+        c.per_step = detail::walk(n, e, [&](int r) { return a.all_to_all(algo::a2a_problem{r, n, counts, offs, counts, offs, e, true}); });
+      }
+      break;
+  }
+  c.total();
+  return c;
+}
+
+inline cost profile(choice p, const problem& pr) {
+  return visit(p, [&](const auto& a) { return profile(a, pr); });
+}
 
 /// α, β, γ: seconds per step, per byte on a link, per byte reduced; δ: the share of a rank's
 /// smaller direction that adds to its larger one (0: full duplex); and where they came from.
@@ -322,13 +441,16 @@ inline double sharing(const params& p, std::uint32_t active) {
 }
 
 inline double predict(const cost& c, const params& p) {
-  if (p.cores <= 0 || p.ranks <= p.cores || c.per_step.empty())
+  if (p.cores <= 0 || p.ranks <= p.cores)
     return p.alpha * double(c.steps) + p.beta * (double(c.bytes) + p.delta * double(c.both)) + p.gamma * double(c.reduced);
-  double t = 0;
-  for (const auto& s : c.per_step)
-    t += sharing(p, s.active) *
-         (p.alpha + p.beta * (double(s.bytes) + p.delta * double(s.both)) + p.gamma * double(s.reduced));
-  return t;
+  auto sum = [&](const algo::load_runs& r) {
+    double t = 0;
+    for (const auto& s : r)
+      t += double(s.repeat) * sharing(p, s.active) *
+           (p.alpha + p.beta * (double(s.bytes) + p.delta * double(s.both)) + p.gamma * double(s.reduced));
+    return t;
+  };
+  return double(c.periods) * sum(c.per_step) + sum(c.tail);
 }
 
 struct candidate {
@@ -343,7 +465,7 @@ inline std::vector<candidate> evaluate(const problem& pr, const params& p) {
   std::vector<candidate> v;
   for (choice q : all_policies) {
     if (!supports(q, pr.coll, pr.commutative)) continue;
-    candidate x{q, analyse(q, pr), 0};
+    candidate x{q, profile(q, pr), 0};
     x.seconds = predict(x.c, p);
     v.push_back(std::move(x));
   }

@@ -11,6 +11,6 @@ int main() {
     collx::all_reduce(comm, std::span{v}, concat{}, collx::algo::tree{});
     collx::all_reduce(comm, std::span{v}, collx::ops::band{});
     collx::all_to_all(comm, std::span<const int>{v}, std::span{w}, collx::algo::pairwise{});
-    collx::all_reduce(comm, std::span{v}, collx::ops::make([](int a, int b) { return a + b; }));
+    collx::all_reduce(comm, std::span{v}, collx::ops::make([](int a, int b) { return a + b; }, collx::ops::commutative));
   });
 }

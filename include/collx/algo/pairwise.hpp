@@ -19,6 +19,7 @@
 
 #include "../concepts.hpp"
 #include "problem.hpp"
+#include "profile.hpp"
 #include "tuning.hpp"
 
 namespace collx::algo {
@@ -53,6 +54,32 @@ struct pairwise {
       s.recv(int(from), {buf::out, p.recv_offsets[from], p.recv_counts[from]});
     }
     return s;
+  }
+
+  /// Loads over all ranks (profile.hpp), without building N schedules of 2(N-1) messages.
+  load_runs all_gather_loads(const ag_problem& p) const {
+    load_runs r;
+    const int n = p.size;
+    if (n < 2) return r;
+    const std::uint64_t e = p.elem_size, q = p.blocks.total / std::size_t(n), rem = p.blocks.total % std::size_t(n);
+    if (p.blocks.max_count() * p.elem_size <= tuning::a2a_one_step_bytes) {
+      // one step: a rank with block c sends it to n-1 peers and receives everything else
+      step_load l{std::uint32_t(n), 0, 0, 0, 1};
+      for (const std::uint64_t c : {q + 1, q}) {
+        if ((c == q + 1 && rem == 0) || (c == q && rem == std::uint64_t(n))) continue;  // no rank has such a block
+        const std::uint64_t out = std::uint64_t(n - 1) * c * e, in = (p.blocks.total - c) * e;
+        l.bytes = std::max({l.bytes, out, in});
+        l.both = std::max(l.both, std::min(out, in));
+      }
+      push_load(r, l);
+      return r;
+    }
+    // step st: own block to rank+st, block of rank-st received; the first `rem` blocks are larger
+    for (int st = 1; st < n; ++st) {
+      const bool pair_large = rem > 0 && (rem > std::uint64_t(st) || rem + std::uint64_t(st) > std::uint64_t(n));
+      push_load(r, {std::uint32_t(n), p.blocks.max_count() * e, (pair_large ? q + 1 : q) * e, 0, 1});
+    }
+    return r;
   }
 
   schedule all_gather(const ag_problem& p) const {

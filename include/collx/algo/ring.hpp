@@ -29,9 +29,46 @@
 
 #include "../concepts.hpp"
 #include "problem.hpp"
+#include "profile.hpp"
 #include "tuning.hpp"
 
 namespace collx::algo {
+
+/// The loads of a ring step (profile.hpp) over blocks `b`: every rank sends one block to its right
+/// and receives the block before it from its left, so the busiest rank moves the largest block,
+/// and the largest pair of neighbouring blocks bounds what one rank moves both ways.
+inline step_load ring_step_load(const partition& b, int n, std::size_t e, bool reduce) {
+  const std::size_t q = b.total / std::size_t(n), rem = b.total % std::size_t(n);
+  const std::uint64_t top = b.max_count() * e, pair = (rem >= 2 || rem == 0 ? b.max_count() : q) * e;
+  return {std::uint32_t(n), top, pair, reduce ? top : 0, 1};
+}
+
+/// The loads of a pipelined chain of n positions and C chunks of `ch` (profile.hpp): at step t
+/// position v sends chunk t-v and receives chunk t-v+1 (chain, below), so the chunks in flight
+/// are a window that slides along the chain.
+inline load_runs chain_loads(int n, const partition& ch, std::size_t e, bool reduce) {
+  load_runs r;
+  const long long C = ch.parts, N = n;
+  if (n < 2) return r;
+  for (long long t = 0; t < C + N - 2; ++t) {
+    const long long s_lo = std::max(0ll, t - C + 1), s_hi = std::min(N - 2, t);      // positions sending
+    const long long r_lo = std::max(1ll, t - C + 2), r_hi = std::min(N - 1, t + 1);  // positions receiving
+    const bool any_s = s_lo <= s_hi, any_r = r_lo <= r_hi;
+    long long active = (any_s ? s_hi - s_lo + 1 : 0) + (any_r ? r_hi - r_lo + 1 : 0);
+    if (any_s && any_r) active -= std::max(0ll, std::min(s_hi, r_hi) - std::max(s_lo, r_lo) + 1);
+    long long first = C;  // the lowest chunk index moving (chunks get no larger with the index)
+    if (any_s) first = std::min(first, t - s_hi);
+    if (any_r) first = std::min(first, t - r_hi + 1);
+    const long long b_lo = std::max(s_lo, r_lo), b_hi = std::min(s_hi, r_hi);  // positions doing both
+    step_load l;
+    l.active = std::uint32_t(active);
+    l.bytes = first < C ? ch.count(int(first)) * e : 0;
+    l.both = b_lo <= b_hi ? ch.count(int(t - b_hi + 1)) * e : 0;
+    l.reduced = reduce && any_r ? ch.count(int(t - r_hi + 1)) * e : 0;
+    push_load(r, l);
+  }
+  return r;
+}
 
 /// A pipelined chain of n ranks, this one at position v: chunk c crosses the hop from position
 /// h to h+1 at step c+h, so a rank receives chunk c at step c+v-1 and forwards it at step c+v.
@@ -92,6 +129,24 @@ struct ring {
       s.recv(p.actual(v - 1), p.block(mod(v - st - 1, n)));
     }
     return s;
+  }
+
+  /// Loads over all ranks (profile.hpp), without building N schedules of N-1 steps each.
+  load_runs reduce_scatter_loads(const rs_problem& p) const {
+    load_runs r;
+    if (p.size > 1) push_load(r, ring_step_load(p.blocks, p.size, p.elem_size, true), std::uint64_t(p.size - 1));
+    return r;
+  }
+  load_runs all_gather_loads(const ag_problem& p) const {
+    load_runs r;
+    if (p.size > 1) push_load(r, ring_step_load(p.blocks, p.size, p.elem_size, false), std::uint64_t(p.size - 1));
+    return r;
+  }
+  load_runs broadcast_loads(const bcast_problem& p) const {
+    return chain_loads(p.size, chunks(p.count, p.elem_size, chunk_bytes), p.elem_size, false);
+  }
+  load_runs reduce_loads(const reduce_problem& p) const {
+    return chain_loads(p.size, chunks(p.count, p.elem_size, chunk_bytes), p.elem_size, true);
   }
 
   schedule broadcast(const bcast_problem& p) const {

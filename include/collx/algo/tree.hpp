@@ -33,6 +33,7 @@
 #include "../concepts.hpp"
 #include "binomial.hpp"
 #include "problem.hpp"
+#include "profile.hpp"
 #include "tuning.hpp"
 
 namespace collx::algo {
@@ -121,33 +122,33 @@ struct tree {
     return s;
   }
 
-  schedule all_reduce(const ar_problem& p) const {
-    schedule s;
-    const int n = p.size, r = p.rank;
-    if (n == 1) {
-      s.copy({buf::out, 0, p.count}, {p.src, 0, p.count});
-      return s;
-    }
-    const int ntrees = p.commutative ? 2 : 1;
-    const partition halves(p.count, ntrees);
-    std::size_t largest = 0;
-    for (int t = 0; t < ntrees; ++t) largest = std::max(largest, halves.count(t));
-    const int nchunks = chunks(largest, p.elem_size, chunk_bytes).parts;
+  /// The double binary tree of an all_reduce: every rank's links, heights and depths in both
+  /// trees and the chunking, computed once (O(N)) and shared by the schedule of one rank and
+  /// the loads of all.
+  struct dbt_plan {
+    int n = 1, ntrees = 1, nchunks = 1;
+    partition halves;
+    std::vector<tree_links> links[2];
+    std::vector<int> height[2], depth[2];
+    int H[2] = {0, 0};
+  };
 
-    struct event {
-      int time, order;
-      bool is_send;
-      int peer;
-      region a, with;
-      combine how;
-    };
-    std::vector<event> ev;
-    int order = 0;
-    for (int t = 0; t < ntrees; ++t) {
-      // Heights and depths of every rank in tree t.
-      std::vector<tree_links> links(static_cast<std::size_t>(n));
+  dbt_plan plan(const ar_problem& p) const {
+    dbt_plan d;
+    const int n = d.n = p.size;
+    d.ntrees = p.commutative ? 2 : 1;
+    d.halves = partition(p.count, d.ntrees);
+    std::size_t largest = 0;
+    for (int t = 0; t < d.ntrees; ++t) largest = std::max(largest, d.halves.count(t));
+    d.nchunks = chunks(largest, p.elem_size, chunk_bytes).parts;
+    for (int t = 0; t < d.ntrees; ++t) {
+      auto& links = d.links[t];
+      links.resize(std::size_t(n));
       for (int a = 0; a < n; ++a) links[std::size_t(a)] = dtree(n, a, t);
-      std::vector<int> height(std::size_t(n), -1), depth(std::size_t(n), 0);
+      auto& height = d.height[t];
+      auto& depth = d.depth[t];
+      height.assign(std::size_t(n), -1);
+      depth.assign(std::size_t(n), 0);
       int root = 0;
       for (int a = 0; a < n; ++a)
         if (links[std::size_t(a)].parent < 0) root = a;
@@ -164,45 +165,147 @@ struct tree {
           if (c >= 0) h = std::max(h, height[std::size_t(c)] + 1);
         height[std::size_t(*it)] = h;
       }
-      const int H = height[std::size_t(root)];
-      const tree_links& me = links[std::size_t(r)];
-      const partition ch(halves.count(t), nchunks);
-      for (int c = 0; c < nchunks; ++c) {
-        const std::size_t off = halves.offset(t) + ch.offset(c), cnt = ch.count(c);
-        const region out_c{buf::out, off, cnt}, src_c{p.src, off, cnt};
+      d.H[t] = height[std::size_t(root)];
+    }
+    return d;
+  }
+
+  struct dbt_event {
+    int time, order;
+    bool is_send;
+    int peer;
+    region a, with;
+    combine how;
+  };
+
+  /// Rank r's sends and receives in the double binary tree, in the order the schedule lists them
+  /// (emit(event) for each); a root of a tree without children copies (copy(dst, src)).
+  template <class Emit, class Copy>
+  static void dbt_rank(const dbt_plan& d, int r, buf src, Emit&& emit, Copy&& copy) {
+    int order = 0;
+    for (int t = 0; t < d.ntrees; ++t) {
+      const auto& height = d.height[t];
+      const tree_links& me = d.links[t][std::size_t(r)];
+      const partition ch(d.halves.count(t), d.nchunks);
+      for (int c = 0; c < d.nchunks; ++c) {
+        const std::size_t off = d.halves.offset(t) + ch.offset(c), cnt = ch.count(c);
+        const region out_c{buf::out, off, cnt}, src_c{src, off, cnt};
         // Reduce: receive each child's subtree sum when it is sent (at its height + c); the first
         // one combines with this rank's input, later ones with the running sum. The left child's
         // ranks are below this rank, the right child's above: that fixes the operand order.
         int kids[2] = {me.child[0], me.child[1]};
-        if (kids[0] >= 0 && kids[1] >= 0 && height[std::size_t(kids[1])] < height[std::size_t(kids[0])])
-          std::swap(kids[0], kids[1]);
+        if (kids[0] >= 0 && kids[1] >= 0 && height[std::size_t(kids[1])] < height[std::size_t(kids[0])]) std::swap(kids[0], kids[1]);
         bool have_sum = false;
         for (int k : kids) {
           if (k < 0) continue;
           const bool left_of_me = (t == 0) ? k < r : false;  // only tree A is used for rank order
-          ev.push_back({height[std::size_t(k)] + c, order++, false, k, out_c, have_sum ? out_c : src_c,
-                        left_of_me ? combine::received_left : combine::received_right});
+          emit(dbt_event{height[std::size_t(k)] + c, order++, false, k, out_c, have_sum ? out_c : src_c,
+                         left_of_me ? combine::received_left : combine::received_right});
           have_sum = true;
         }
-        if (me.parent >= 0) ev.push_back({height[std::size_t(r)] + c, order++, true, me.parent, have_sum ? out_c : src_c, {}, combine::copy});
-        else if (!have_sum) s.copy(out_c, src_c);
+        if (me.parent >= 0) emit(dbt_event{height[std::size_t(r)] + c, order++, true, me.parent, have_sum ? out_c : src_c, {}, combine::copy});
+        else if (!have_sum) copy(out_c, src_c);
         // Broadcast down: the root sends at H + c; a rank at depth d receives at H + c + d - 1 and
         // forwards at H + c + d.
-        const int d = depth[std::size_t(r)];
-        if (me.parent >= 0) ev.push_back({H + c + d - 1, order++, false, me.parent, out_c, {}, combine::copy});
+        const int dep = d.depth[t][std::size_t(r)];
+        if (me.parent >= 0) emit(dbt_event{d.H[t] + c + dep - 1, order++, false, me.parent, out_c, {}, combine::copy});
         for (int k : me.child)
-          if (k >= 0) ev.push_back({H + c + d, order++, true, k, out_c, {}, combine::copy});
+          if (k >= 0) emit(dbt_event{d.H[t] + c + dep, order++, true, k, out_c, {}, combine::copy});
       }
     }
-    std::stable_sort(ev.begin(), ev.end(), [](const event& x, const event& y) {
+  }
+
+  schedule all_reduce(const ar_problem& p) const {
+    schedule s;
+    const int n = p.size, r = p.rank;
+    if (n == 1) {
+      s.copy({buf::out, 0, p.count}, {p.src, 0, p.count});
+      return s;
+    }
+    const dbt_plan d = plan(p);
+    std::vector<dbt_event> ev;
+    dbt_rank(d, r, p.src, [&](const dbt_event& e) { ev.push_back(e); }, [&](region dst, region from) { s.copy(dst, from); });
+    std::stable_sort(ev.begin(), ev.end(), [](const dbt_event& x, const dbt_event& y) {
       return x.time != y.time ? x.time < y.time : x.order < y.order;
     });
-    for (const event& e : ev) {
+    for (const dbt_event& e : ev) {
       s.at(e.time);
       if (e.is_send) s.send(e.peer, e.a);
       else s.recv(e.peer, e.a, e.with, e.how);
     }
     return s;
+  }
+
+  /// Loads over all ranks (profile.hpp). A rank's steps depend only on its place in the two
+  /// trees (height, depth, parent or not, its children's heights), so ranks are grouped by that
+  /// place and one of each group is walked: a few dozen groups instead of N ranks of O(N + C).
+  load_runs all_reduce_loads(const ar_problem& p) const {
+    load_maxima m;
+    if (p.size == 1) return m.runs();
+    const dbt_plan d = plan(p);
+    struct role {
+      int v[12];
+      bool operator==(const role&) const = default;
+    };
+    auto role_of = [&](int r) {
+      role x{};
+      for (int t = 0; t < d.ntrees; ++t) {
+        const tree_links& l = d.links[t][std::size_t(r)];
+        int* v = x.v + 6 * t;
+        v[0] = d.height[t][std::size_t(r)];
+        v[1] = d.depth[t][std::size_t(r)];
+        v[2] = l.parent >= 0;
+        v[3] = l.child[0] >= 0 ? d.height[t][std::size_t(l.child[0])] : -1;
+        v[4] = l.child[1] >= 0 ? d.height[t][std::size_t(l.child[1])] : -1;
+        if (v[3] > v[4]) std::swap(v[3], v[4]);
+        v[5] = (l.child[0] >= 0) + (l.child[1] >= 0);
+      }
+      return x;
+    };
+    std::vector<role> roles;
+    std::vector<std::uint32_t> members;
+    std::vector<int> first;
+    for (int r = 0; r < p.size; ++r) {
+      const role x = role_of(r);
+      std::size_t i = 0;
+      while (i < roles.size() && !(roles[i] == x)) ++i;
+      if (i == roles.size()) {
+        roles.push_back(x);
+        members.push_back(0);
+        first.push_back(r);
+      }
+      ++members[i];
+    }
+    std::vector<std::uint64_t> out, in, red;
+    for (std::size_t i = 0; i < roles.size(); ++i) {
+      out.assign(0, 0);
+      std::size_t span = 0;
+      auto at = [&](int t) {
+        if (std::size_t(t) >= out.size()) {
+          out.resize(std::size_t(t) + 1, 0);
+          in.resize(std::size_t(t) + 1, 0);
+          red.resize(std::size_t(t) + 1, 0);
+        }
+        span = std::max(span, std::size_t(t) + 1);
+      };
+      in.assign(0, 0);
+      red.assign(0, 0);
+      std::vector<bool> busy;
+      dbt_rank(d, first[i], p.src, [&](const dbt_event& e) {
+        at(e.time);
+        if (busy.size() <= std::size_t(e.time)) busy.resize(std::size_t(e.time) + 1, false);
+        busy[std::size_t(e.time)] = true;
+        const std::uint64_t b = e.a.count * p.elem_size;
+        if (e.is_send) out[std::size_t(e.time)] += b;
+        else {
+          in[std::size_t(e.time)] += b;
+          if (e.how != combine::copy) red[std::size_t(e.time)] += b;
+        }
+      }, [](region, region) {});
+      for (std::size_t t = 0; t < span; ++t)
+        if (busy[t]) m.add(int(t), out[t], in[t], red[t], members[i]);
+    }
+    return m.runs();
   }
 };
 

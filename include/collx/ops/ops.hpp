@@ -89,7 +89,7 @@ struct bxor {
 
 /// Wraps any callable E(E, E) as a reduction op; Commutative=false makes every policy keep rank
 /// order (in0 ⊕ in1 ⊕ ... ⊕ in(n-1)) or refuse to compile.
-template <class F, bool Commutative = true>
+template <class F, bool Commutative>
 struct function {
   using reduction_op_concept = reduction_op_tag;
   static constexpr bool commutative = Commutative;
@@ -98,9 +98,31 @@ struct function {
   constexpr T operator()(const T& a, const T& b) const { return f(a, b); }
 };
 
-template <bool Commutative = true, class F>
-constexpr function<std::decay_t<F>, Commutative> make(F&& f) {
+/// Whether a wrapped callable's order of operands matters: ops::make takes one of these, so the
+/// choice is always written down. A non-commutative op gets the rank-ordered result (tree,
+/// recursive_halving, recursive_doubling, automatic) and the ring refuses it at compile time;
+/// a commutative one may be combined in any order, which is only right when a ⊕ b == b ⊕ a.
+struct commutative_t {
+  static constexpr bool value = true;
+};
+struct non_commutative_t {
+  static constexpr bool value = false;
+};
+inline constexpr commutative_t commutative{};
+inline constexpr non_commutative_t non_commutative{};
+
+template <class F, class C>
+  requires(std::is_same_v<C, commutative_t> || std::is_same_v<C, non_commutative_t>)
+constexpr function<std::decay_t<F>, C::value> make(F&& f, C) {
   return {std::forward<F>(f)};
+}
+
+/// Without the second argument: a readable error, not a silent guess.
+template <class F>
+constexpr void make(F&&) {
+  static_assert(sizeof(F) == 0,
+                "collx: say whether the op is commutative: collx::ops::make(f, collx::ops::commutative) or "
+                "collx::ops::make(f, collx::ops::non_commutative) (a non-commutative op gets the rank-ordered result)");
 }
 
 }  // namespace collx::ops

@@ -1,0 +1,125 @@
+// Every environment variable collx reads is listed once (collx::env::variables, env.hpp) and in
+// the README's table, is read through env.hpp's one reader, and a value that does not parse is an
+// error naming the variable, never a silent default.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "harness.hpp"
+
+using Catch::Matchers::Contains;
+
+namespace {
+std::string slurp(const std::filesystem::path& p) {
+  std::ifstream f(p);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+/// Sets a variable for the scope.
+struct scoped_env {
+  std::string name;
+  scoped_env(std::string n, const char* v) : name(std::move(n)) { ::setenv(name.c_str(), v, 1); }
+  ~scoped_env() { ::unsetenv(name.c_str()); }
+};
+
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const collx::error& e) {
+    return e.code() == collx::errc::invalid_argument ? std::string(e.what()) : "wrong code: " + std::string(e.what());
+  }
+  return "no error";
+}
+}  // namespace
+
+TEST_CASE("every COLLX_* variable the headers read is in env::variables and in the README's table", "[env]") {
+  const std::filesystem::path root = COLLX_SOURCE_DIR;
+  std::set<std::string> read;
+  const std::regex literal("\"(COLLX_[A-Z0-9_]+)\"");
+  for (const auto& e : std::filesystem::recursive_directory_iterator(root / "include" / "collx")) {
+    if (!e.is_regular_file()) continue;
+    const std::string text = slurp(e.path());
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), literal); it != std::sregex_iterator(); ++it)
+      read.insert((*it)[1]);
+  }
+  REQUIRE(read.size() >= 14);
+  const std::string readme = slurp(root / "README.md");
+  for (const auto& name : read) {
+    CAPTURE(name);
+    CHECK(collx::env::find(name) != nullptr);
+    CHECK_THAT(readme, Contains("| `" + name + "` |"));
+  }
+  for (const auto& v : collx::env::variables) {
+    CAPTURE(v.name);
+    CHECK(read.count(v.name) == 1);  // nothing listed that nothing reads
+  }
+}
+
+TEST_CASE("a value that does not parse is an error naming the variable", "[env]") {
+  {
+    scoped_env e("COLLX_SHM_SINGLE_COPY_BYTES", "lots");  // before: silently "never"
+    CHECK_THAT(error_of([] { collx::transport::shm::config c; (void)c; }), Contains("COLLX_SHM_SINGLE_COPY_BYTES=\"lots\""));
+  }
+  {
+    scoped_env e("COLLX_SHM_SINGLE_COPY_BYTES", "64K");
+    CHECK(collx::transport::shm::config{}.single_copy_forced_bytes == 65536);
+  }
+  {
+    scoped_env e("COLLX_SHM_SINGLE_COPY_BYTES", "0");
+    CHECK(collx::transport::shm::config{}.single_copy_never());
+  }
+  {
+    scoped_env e("COLLX_SHM_SLOTS", "0");
+    CHECK_THAT(error_of([] { collx::transport::shm::config c; (void)c; }), Contains("COLLX_SHM_SLOTS=\"0\""));
+  }
+  {
+    scoped_env e("COLLX_SHM_SLOT_BYTES", "16M");
+    CHECK(collx::transport::shm::config{}.slot_bytes == std::size_t(16) << 20);
+  }
+  {
+    scoped_env e("COLLX_SHM_SLOT_BYTES", "1G");  // more than a chunk's 32-bit size field may carry
+    CHECK_THAT(error_of([] { collx::transport::shm::config c; (void)c; }), Contains("COLLX_SHM_SLOT_BYTES"));
+  }
+  {
+    scoped_env e("COLLX_TCP_BUFFER_BYTES", "-1");
+    CHECK_THAT(error_of([] { collx::transport::tcp_config c; (void)c; }), Contains("COLLX_TCP_BUFFER_BYTES=\"-1\""));
+  }
+  {
+    scoped_env e("COLLX_SCHEDULE_CACHE_BYTES", "12 MB");
+    CHECK_THAT(error_of([] { (void)collx::detail::schedule_cache::default_budget(); }), Contains("COLLX_SCHEDULE_CACHE_BYTES"));
+  }
+  {
+    scoped_env e("COLLX_TIMEOUT_S", "soon");
+    CHECK_THAT(error_of([] { collx::options o; (void)o; }), Contains("COLLX_TIMEOUT_S=\"soon\""));
+  }
+  {
+    scoped_env e("COLLX_ALGO", "rign");
+    CHECK_THAT(error_of([] {
+      collx::launch_threads(2, [](auto& comm) {
+        std::vector<float> v(8);
+        collx::all_reduce(comm, std::span{v}, collx::ops::sum{});
+      });
+    }), Contains("COLLX_ALGO=\"rign\""));
+  }
+  // the byte reader's grammar
+  CHECK(collx::detail::parse_bytes("X", "65536", 0, ~0ull) == 65536);
+  CHECK(collx::detail::parse_bytes("X", "64KiB", 0, ~0ull) == 65536);
+  CHECK(collx::detail::parse_bytes("X", "2G", 0, ~0ull) == std::uint64_t(2) << 30);
+  CHECK_THROWS_AS(collx::detail::parse_bytes("X", "1.5M", 0, ~0ull), collx::error);
+  CHECK_THROWS_AS(collx::detail::parse_bytes("X", "99999999999999999999", 0, ~0ull), collx::error);
+  CHECK_THROWS_AS(collx::detail::parse_bytes("X", "17179869184G", 0, ~0ull), collx::error);  // wraps when shifted
+}
+
+TEST_CASE("a slot too large for a chunk's size field is refused", "[env][overflow]") {
+  collx::transport::shm::config c;
+  c.slot_bytes = std::size_t(8) << 30;  // a chunk's size travels in 32 bits
+  CHECK_THAT(error_of([&] { collx::transport::shm t("x", 0, 1, c); }), Contains("slot_bytes"));
+}
