@@ -615,26 +615,38 @@ void run(const config& cfg, totals& tot) {
 //       on data that is in cache.
 // Each figure is the median of 5 batches.
 
-/// Seconds per step of `bytes`, one-way or exchange, measured on rank 0 (median of `batches`).
-double time_step(const config& cfg, std::size_t bytes, int iters, int batches, bool exchange) {
+/// Seconds per step of `bytes`, one-way, exchange, or exchange in which both ranks reduce what
+/// they receive (float sum), measured on rank 0 (median of `batches`).
+enum class step_kind { one_way, exchange, reduce };
+double time_step(const config& cfg, std::size_t bytes, int iters, int batches, step_kind kind) {
   report& rep = shared_report();
   std::vector<double> got;
+  const bool exchange = kind != step_kind::one_way, reduce = kind == step_kind::reduce;
+  const std::size_t count = reduce ? std::max<std::size_t>(1, bytes / sizeof(float)) : bytes;
   for (int b = 0; b < batches; ++b) {
     rep.us = 0;
     launch(cfg.ranks, [&](comm_t& comm) {
       const int r = comm.rank(), peer = r ^ 1;
-      std::vector<std::uint8_t> in(bytes, std::uint8_t(r)), out(bytes);
+      std::vector<float> fin(reduce ? count : 0, 1.0f), fout(reduce ? count : 0, 0.0f);
+      std::vector<std::uint8_t> in(reduce ? 0 : bytes, std::uint8_t(r)), out(reduce ? 0 : bytes);
       collx::schedule st[2];  // [0]: even steps, [1]: odd steps
       if (peer < comm.size())
         for (int k = 0; k < 2; ++k) {
           const bool sends = exchange || (k == 0) == (r < peer), receives = exchange || !sends;
-          if (sends) st[k].send(peer, {collx::buf::in, 0, bytes});
-          if (receives) st[k].recv(peer, {collx::buf::out, 0, bytes});
+          if (sends) st[k].send(peer, {collx::buf::in, 0, count});
+          if (receives && reduce) st[k].recv(peer, {collx::buf::out, 0, count}, {collx::buf::in, 0, count}, collx::combine::received_left);
+          else if (receives) st[k].recv(peer, {collx::buf::out, 0, count});
         }
       int parity = 0;
+      const char* what = kind == step_kind::one_way ? "one-way" : reduce ? "reduce" : "exchange";
       auto step = [&] {
-        auto call = collx::detail::make_call<std::uint8_t, collx::no_op>(comm, "calibrate", exchange ? "exchange" : "one-way", bytes);
-        collx::detail::execute(comm, call, st[parity], in.data(), out.data(), collx::no_op{});
+        if (reduce) {
+          auto call = collx::detail::make_call<float, collx::ops::sum>(comm, "calibrate", what, count);
+          collx::detail::execute(comm, call, st[parity], fin.data(), fout.data(), collx::ops::sum{});
+        } else {
+          auto call = collx::detail::make_call<std::uint8_t, collx::no_op>(comm, "calibrate", what, bytes);
+          collx::detail::execute(comm, call, st[parity], in.data(), out.data(), collx::no_op{});
+        }
         parity ^= 1;
       };
       for (int i = 0; i < std::max(2, iters / 10) * 2; ++i) step();  // an even count: parity stays in step
@@ -644,8 +656,9 @@ double time_step(const config& cfg, std::size_t bytes, int iters, int batches, b
       collx::barrier(comm);
       const auto t1 = std::chrono::steady_clock::now();
       if (r == 0) shared_report().us = std::chrono::duration<double, std::micro>(t1 - t0).count() / (iters * 2);
-      if (peer < comm.size() && out[bytes / 2] != std::uint8_t(peer))
+      if (!reduce && peer < comm.size() && bytes > 0 && out[bytes / 2] != std::uint8_t(peer))
         throw std::runtime_error("calibration: the exchanged bytes are wrong");
+      if (reduce && peer < comm.size() && fout[count / 2] != 2.0f) throw std::runtime_error("calibration: the reduced values are wrong");
     });
     got.push_back(rep.us * 1e-6);
   }
@@ -682,18 +695,70 @@ double time_reduction(const config& cfg) {
   return got[2];
 }
 
+/// Every policy of every collective the model chooses for, at sizes x2 apart from 8 B to 32 MiB,
+/// all in one job (float sum for the reducing ones): the measured time per call, median of 5
+/// rounds that take the policies in turn (so a slow moment of the machine hits them alike).
+/// Returns measured[collective][policy][size] in seconds (0: not run).
+std::vector<double> time_policies(const config& cfg, const std::vector<std::size_t>& sizes) {
+  constexpr int kColl = collx::algo::policy_fit::kCollectives, kPol = collx::algo::policy_fit::kPolicies, kRounds = 5;
+  const std::size_t cells = std::size_t(kColl) * kPol * sizes.size() * kRounds;
+  // shared with the ranks, whether they are threads or forked processes
+  void* mem = mmap(nullptr, cells * sizeof(double), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) throw std::runtime_error("calibration: mmap failed");
+  double* t = static_cast<double*>(mem);
+  std::fill(t, t + cells, 0.0);
+  auto cell = [&](int c, int a, std::size_t i, int round) -> double& {
+    return t[((std::size_t(c) * kPol + std::size_t(a)) * sizes.size() + i) * kRounds + std::size_t(round)];
+  };
+  launch(cfg.ranks, [&](comm_t& comm) {
+    for_each(list<all_reduce_c, reduce_scatter_c, all_gather_c, broadcast_c, reduce_c>{}, [&]<class C>(std::type_identity<C>) {
+      using S = storage_t<C, float>;
+      const int ci = int(*collx::model::parse_collective(C::name));
+      for (std::size_t si = 0; si < sizes.size(); ++si) {
+        const shape sh = C::make(sizes[si], sizeof(float), comm.size());
+        std::vector<S> in(sh.in, S(1)), out(sh.out);
+        const int iters = sizes[si] < (std::size_t(64) << 10) ? 200 : sizes[si] <= (std::size_t(1) << 20) ? 20 : sizes[si] <= (std::size_t(8) << 20) ? 4 : 2;
+        for (int round = 0; round < kRounds; ++round)
+          for_each(policies{}, [&]<class A>(std::type_identity<A>) {
+            if constexpr (!std::is_same_v<A, collx::algo::automatic> && C::template supports<A>) {
+              const int ai = int(*collx::model::parse_policy(A::name));
+              for (int i = 0; i < std::max(1, iters / 10); ++i) C::template call<S, collx::ops::sum, A>(comm, in, out, 0);
+              collx::barrier(comm);
+              const auto t0 = std::chrono::steady_clock::now();
+              for (int i = 0; i < iters; ++i) C::template call<S, collx::ops::sum, A>(comm, in, out, 0);
+              collx::barrier(comm);
+              if (comm.rank() == 0)
+                cell(ci, ai, si, round) = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+            }
+          });
+      }
+    });
+  });
+  std::vector<double> med(std::size_t(kColl) * kPol * sizes.size(), 0.0);
+  for (int c = 0; c < kColl; ++c)
+    for (int a = 0; a < kPol; ++a)
+      for (std::size_t i = 0; i < sizes.size(); ++i) {
+        double r[kRounds];
+        for (int k = 0; k < kRounds; ++k) r[k] = cell(c, a, i, k);
+        std::sort(r, r + kRounds);
+        med[(std::size_t(c) * kPol + std::size_t(a)) * sizes.size() + i] = r[kRounds / 2];
+      }
+  munmap(mem, cells * sizeof(double));
+  return med;
+}
+
 int calibrate(const config& cfg) {
   const std::string kind = cfg.transport == "threads" ? "inproc" : cfg.transport;
   std::printf("# collx-perf --calibrate: the cost model's alpha, beta, gamma for transport %s, %d ranks (%s)\n",
               kind.c_str(), cfg.ranks, transport_words(cfg.transport));
   std::fflush(stdout);
-  const double alpha = time_step(cfg, 8, 2000, 5, false);
+  const double alpha = time_step(cfg, 8, 2000, 5, step_kind::one_way);
   std::printf("#   one-way step of 8 B: %.3f us  -> alpha\n", alpha * 1e6);
   std::vector<double> per_byte, dup;
   std::vector<std::pair<std::size_t, double>> points{{8, alpha}}, xpoints;
   for (std::size_t b : {std::size_t(64) << 10, std::size_t(1) << 20, std::size_t(16) << 20}) {
     const int iters = b <= (std::size_t(64) << 10) ? 500 : b <= (std::size_t(1) << 20) ? 50 : 5;
-    const double t = time_step(cfg, b, iters, 5, false), tx = time_step(cfg, b, iters, 5, true);
+    const double t = time_step(cfg, b, iters, 5, step_kind::one_way), tx = time_step(cfg, b, iters, 5, step_kind::exchange);
     points.push_back({b, t});
     xpoints.push_back({b, tx});
     const double pb = std::max(0.0, t - alpha) / double(b);
@@ -713,6 +778,26 @@ int calibrate(const config& cfg) {
   p.cores = collx::detail::usable_cores();
   p.ranks = cfg.ranks;
   p.delta = delta;
+  // The step times by size, which the model charges steps from (model.hpp, step_seconds): from
+  // a few bytes, where a step is its latency, through sizes that stay in cache, to sizes that
+  // stream from memory.
+  std::printf("# step times by size (one way, exchange, exchange + float sum), medians of 5:\n");
+  // (x2 apart from 16 KiB on: where a step's buffers leave the caches the time per byte jumps, and
+  // a step in between is charged from its neighbours)
+  for (std::size_t b : {std::size_t(8), std::size_t(512), std::size_t(4) << 10, std::size_t(16) << 10, std::size_t(32) << 10,
+                        std::size_t(64) << 10, std::size_t(128) << 10, std::size_t(256) << 10, std::size_t(512) << 10,
+                        std::size_t(1) << 20, std::size_t(2) << 20, std::size_t(4) << 20, std::size_t(8) << 20,
+                        std::size_t(16) << 20}) {
+    const int iters = b <= (std::size_t(16) << 10) ? 2000 : b <= (std::size_t(256) << 10) ? 300 : b <= (std::size_t(1) << 20) ? 50 : 8;
+    auto& c = p.curve;
+    c.bytes[c.n] = double(b);
+    c.one_way[c.n] = time_step(cfg, b, iters, 5, step_kind::one_way);
+    c.exchange[c.n] = time_step(cfg, b, iters, 5, step_kind::exchange);
+    c.reduce[c.n] = time_step(cfg, b, iters, 5, step_kind::reduce);
+    std::printf("#   %9zu B: %10.2f us %10.2f us %10.2f us\n", b, c.one_way[c.n] * 1e6, c.exchange[c.n] * 1e6, c.reduce[c.n] * 1e6);
+    std::fflush(stdout);
+    ++c.n;
+  }
   std::printf("alpha %.4g s   beta %.4g s/B (%.2f GB/s)   gamma %.4g s/B (%.2f GB/s)   delta %.2f\n", alpha, beta,
               1e-9 / beta, gamma, 1e-9 / gamma, delta);
   std::printf("# the model's lines through them, against each measured step:\n");
@@ -722,6 +807,37 @@ int calibrate(const config& cfg) {
   for (const auto& [b, t] : xpoints)
     std::printf("#   exchange %9zu B: measured %10.2f us, alpha + beta*(1+delta)*bytes %10.2f us\n", b, t * 1e6,
                 (alpha + beta * (1 + delta) * double(b)) * 1e6);
+  // Every policy measured against what the model predicts for it: the factors it scales its
+  // predictions by (model.hpp, policy_fit).
+  {
+    namespace model = collx::model;
+    std::vector<std::size_t> sizes;
+    for (std::size_t b = 8; b <= (std::size_t(32) << 20); b *= 2) sizes.push_back(b);
+    std::printf("# every policy against the model's prediction, %zu sizes from 8 B to 32 MiB (measured / predicted):\n",
+                sizes.size());
+    std::fflush(stdout);
+    const std::vector<double> med = time_policies(cfg, sizes);
+    for (model::collective c : model::all_collectives) {
+      if (c == model::collective::all_to_all) continue;
+      for (model::choice q : model::all_policies) {
+        if (!model::supports(q, c, true)) continue;
+        std::string line;
+        for (std::size_t i = 0; i < sizes.size(); ++i) {
+          const double m = med[(std::size_t(c) * collx::algo::policy_fit::kPolicies + std::size_t(q)) * sizes.size() + i];
+          const auto pr = model::problem::of_bytes(c, cfg.ranks, std::max(sizes[i], std::size_t(cfg.ranks) * 4), 4, 0, true);
+          const double pred = model::predict(model::profile(q, pr), p);
+          if (!(m > 0) || !(pred > 0)) continue;
+          const double f = std::clamp(m / pred, 0.01, 100.0);
+          const int slot = p.fit.slot(double(sizes[i]));
+          if (slot >= 0) p.fit.factor[int(c)][int(q)][slot] = float(f);
+          char b[32];
+          std::snprintf(b, sizeof b, " %.2f", f);
+          line += b;
+        }
+        std::printf("#   %-15s %-19s%s\n", model::name(c), model::name(q), line.c_str());
+      }
+    }
+  }
   const std::string path = collx::model::calibration_file(kind, cfg.ranks);
   const std::string err = collx::model::write_calibration(
       path, kind, p, cfg.ranks, "(collx-perf --calibrate --transport " + cfg.transport + " -np " + std::to_string(cfg.ranks) + ")");

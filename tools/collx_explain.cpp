@@ -864,7 +864,7 @@ int main(int argc, char** argv) {
                  cfg.commutative ? "" : " for a non-commutative op");
     return 2;
   }
-  cfg.params = model::params_for(cfg.transport, cfg.n);
+  cfg.params = model::params_for(cfg.transport == "threads" ? "inproc" : cfg.transport, cfg.n);
   if (alpha >= 0 || beta >= 0 || gamma >= 0 || delta >= 0) {
     if (alpha >= 0) cfg.params.alpha = alpha;
     if (beta >= 0) cfg.params.beta = beta;

@@ -19,6 +19,8 @@
 //   ranks 2              the ranks it was measured with
 //   cores 2              the cores they shared (model.hpp: steps with fewer active ranks)
 //   date 2026-11-30T16:20:00Z
+//   step 65536 9.1e-06 1.4e-05 1.9e-05   a step of this many bytes, measured: one way, exchanged,
+//                                         exchanged and reduced (seconds; one line per size)
 //
 // Lines are "key value"; '#' starts a comment; unknown keys are ignored (newer files stay
 // readable); a file that lacks alpha, beta or gamma, or has a value that is not a finite number
@@ -93,6 +95,40 @@ inline std::optional<params> read_calibration(const std::string& path, std::stri
     std::string key, value;
     if (!(in >> key >> value)) continue;
     if (key == "date") { date = value; continue; }
+    if (key == "fit") {  // fit <collective> <policy> <bytes> <measured / predicted>
+      std::string pol, b, f;
+      if (!(in >> pol >> b >> f)) return fail(path + ": a fit line needs a collective, a policy, bytes and a factor");
+      const auto c = parse_collective(value);
+      const auto q = parse_policy(pol);
+      double bytes = 0, factor = 0;
+      auto num = [](const std::string& t, double& v) {
+        const auto r = std::from_chars(t.data(), t.data() + t.size(), v);
+        return r.ec == std::errc() && r.ptr == t.data() + t.size() && std::isfinite(v);
+      };
+      if (!c || !q || !num(b, bytes) || !num(f, factor) || bytes < 0 || !(factor >= 0.01 && factor <= 100))
+        return fail(path + ": fit '" + value + " " + pol + " " + b + " " + f + "' is not a collective, a policy, bytes and a factor in [0.01, 100]");
+      const int i = p.fit.slot(bytes);
+      if (i < 0) return fail(path + ": fit lines at more than " + std::to_string(policy_fit::kSizes) + " sizes");
+      p.fit.factor[int(*c)][int(*q)][i] = float(factor);
+      continue;
+    }
+    if (key == "step") {  // step <bytes> <one-way> <exchange> <exchange+reduce>
+      double b = 0, t1 = 0, tx = 0, tr = 0;
+      std::string v2, v3, v4;
+      if (!(in >> v2 >> v3 >> v4)) return fail(path + ": a step line needs bytes and three times");
+      auto num = [](const std::string& t, double& v) {
+        const auto r = std::from_chars(t.data(), t.data() + t.size(), v);
+        return r.ec == std::errc() && r.ptr == t.data() + t.size() && std::isfinite(v) && v >= 0;
+      };
+      if (!num(value, b) || !num(v2, t1) || !num(v3, tx) || !num(v4, tr) || t1 > 100 || tx > 100 || tr > 100)
+        return fail(path + ": step '" + value + " " + v2 + " " + v3 + " " + v4 + "' is not bytes and three times in seconds");
+      step_curve& c = p.curve;
+      if (c.n == step_curve::kMax) return fail(path + ": more than " + std::to_string(step_curve::kMax) + " step lines");
+      if (c.n > 0 && !(b > c.bytes[c.n - 1])) return fail(path + ": step sizes must ascend");
+      c.bytes[c.n] = b, c.one_way[c.n] = t1, c.exchange[c.n] = tx, c.reduce[c.n] = tr;
+      ++c.n;
+      continue;
+    }
     if (key == "cores" || key == "ranks") {
       const long v = std::strtol(value.c_str(), nullptr, 10);
       if (v >= 1 && v <= 1 << 20) (key == "cores" ? p.cores : p.ranks) = int(v);
@@ -139,6 +175,13 @@ inline std::string write_calibration(const std::string& path, std::string_view t
   std::fprintf(f, "transport %.*s\n", int(transport.size()), transport.data());
   std::fprintf(f, "alpha %.6g\nbeta %.6g\ngamma %.6g\ndelta %.4g\nranks %d\n", p.alpha, p.beta, p.gamma, p.delta, ranks);
   if (p.cores > 0) std::fprintf(f, "cores %d\n", p.cores);
+  for (collective c : all_collectives)
+    for (choice q : all_policies)
+      for (int i = 0; i < p.fit.nsizes; ++i)
+        if (const float x = p.fit.factor[int(c)][int(q)][i]; x > 0)
+          std::fprintf(f, "fit %s %s %.0f %.4g\n", name(c), name(q), p.fit.bytes[i], double(x));
+  for (int i = 0; i < p.curve.n; ++i)
+    std::fprintf(f, "step %.0f %.6g %.6g %.6g\n", p.curve.bytes[i], p.curve.one_way[i], p.curve.exchange[i], p.curve.reduce[i]);
   std::fprintf(f, "date %s\n", date);
   const bool ok = std::fclose(f) == 0;
   if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {

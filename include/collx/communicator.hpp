@@ -13,6 +13,7 @@
 #include <memory>
 #include <unordered_map>
 
+#include "algo/profile.hpp"
 #include "concepts.hpp"
 #include "env.hpp"
 #include "error.hpp"
@@ -75,6 +76,8 @@ class communicator {
     struct numbers {
       double alpha = 0, beta = 0, gamma = 0, delta = 0;
       std::int32_t cores = 0, ranks = 0;  // model::params' sharing of cores
+      algo::step_curve curve;             // measured step times, if any (model.hpp)
+      algo::policy_fit fit;               // measured / predicted per policy, if any
     };
     bool ready = false;
     numbers n;

@@ -5,6 +5,9 @@
 //
 //   collx::launch_threads(8, [](auto& comm) { ... });
 //   collx::launch_threads<collx::transport::counting>(8, [](auto& comm) { comm.transport().counts(); });
+#include <pthread.h>
+#include <sched.h>
+
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -31,7 +34,28 @@ void launch_threads(int n, F&& f, options opts = {}) {
   std::mutex mu;
   std::exception_ptr first;  // the first recorded, if the group cannot say who failed first
   std::vector<std::exception_ptr> failed(static_cast<std::size_t>(n));
+  // Rank r runs on the r-th usable core, round robin, as launch_processes places its ranks:
+  // left to the scheduler, 4 thread-ranks on 2 cores ran a 32 KiB all_reduce in 21 us in one
+  // run and 36 in the next, depending on which threads it packed together.
+  std::vector<int> cpus;
+  {
+    cpu_set_t allowed;
+    CPU_ZERO(&allowed);
+    if (sched_getaffinity(0, sizeof allowed, &allowed) == 0)
+      for (int c = 0; c < CPU_SETSIZE; ++c)
+        if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+  }
+  auto pin = [&](int r) {
+    if (cpus.size() < 2) return;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpus[std::size_t(r) % cpus.size()], &one);
+    pthread_setaffinity_np(pthread_self(), sizeof one, &one);
+  };
+  cpu_set_t caller;
+  const bool caller_known = pthread_getaffinity_np(pthread_self(), sizeof caller, &caller) == 0;
   auto body = [&](int r) {
+    pin(r);
     communicator<transport_t> comm{transport_t{transport::inproc{g, r}}, opts};
     try {
       f(comm);
@@ -59,6 +83,7 @@ void launch_threads(int n, F&& f, options opts = {}) {
   }
   body(0);  // rank 0 runs on the calling thread
   for (auto& t : threads) t.join();
+  if (caller_known) pthread_setaffinity_np(pthread_self(), sizeof caller, &caller);  // the caller's own again
   // The rank that failed first is the cause; the others failed because of it (peer_lost).
   const int cause = g->first_failed();
   if (cause >= 0 && failed[std::size_t(cause)]) std::rethrow_exception(failed[std::size_t(cause)]);

@@ -424,15 +424,37 @@ inline cost profile(choice p, const problem& pr) {
   return visit(p, [&](const auto& a) { return profile(a, pr); });
 }
 
+using algo::policy_fit;
+using algo::step_curve;
+
 /// α, β, γ: seconds per step, per byte on a link, per byte reduced; δ: the share of a rank's
 /// smaller direction that adds to its larger one (0: full duplex); and where they came from.
+/// When `curve` has points, a step is charged from them instead (see step_seconds).
 struct params {
   double alpha = 0, beta = 0, gamma = 0;
   std::string source;  // "calibrated <file> (<date>)", "shipped defaults for <transport>", ...
   int cores = 0;       // the cores the calibration's ranks shared (0: not known, no sharing)
   int ranks = 0;       // the ranks it was measured with
   double delta = 0;    // 0 (full duplex) .. 1 (an exchange costs twice a one-way message)
+  step_curve curve{};  // measured step times by size (calibration.hpp), else the line above
+  policy_fit fit{};    // measured / predicted per collective, policy and size (calibration.hpp)
 };
+
+/// What one step with load `s` costs. With a measured curve: the one-way time of its largest
+/// message, plus the exchange's extra for the share it also receives while sending, plus the
+/// reduction's extra for the share it reduces, each read off the curve at that size: a step of
+/// 256 KiB that stays in cache is charged as such, one of 4 MiB that streams from memory as that
+/// (the line through 64 KiB, 1 MiB and 16 MiB charged both alike, and chose a ring of 4 MiB
+/// exchanges over a tree of 256 KiB chunks that ran 1.3x faster: docs/automatic.md).
+inline double step_seconds(const params& p, const algo::step_load& s) {
+  if (p.curve.n == 0)
+    return p.alpha + p.beta * (double(s.bytes) + p.delta * double(s.both)) + p.gamma * double(s.reduced);
+  const step_curve& c = p.curve;
+  const double b = double(s.bytes);
+  const double one = c.at(c.one_way, b), ex = c.at(c.exchange, b), red = c.at(c.reduce, b);
+  const double f_both = b > 0 ? double(s.both) / b : 0, f_red = b > 0 ? double(s.reduced) / b : 0;
+  return one + std::max(0.0, ex - one) * f_both + std::max(0.0, red - ex) * f_red;
+}
 
 /// The share of a fully busy step that a step with `active` ranks costs (see the top).
 inline double sharing(const params& p, std::uint32_t active) {
@@ -441,13 +463,11 @@ inline double sharing(const params& p, std::uint32_t active) {
 }
 
 inline double predict(const cost& c, const params& p) {
-  if (p.cores <= 0 || p.ranks <= p.cores)
+  if (p.curve.n == 0 && (p.cores <= 0 || p.ranks <= p.cores))
     return p.alpha * double(c.steps) + p.beta * (double(c.bytes) + p.delta * double(c.both)) + p.gamma * double(c.reduced);
   auto sum = [&](const algo::load_runs& r) {
     double t = 0;
-    for (const auto& s : r)
-      t += double(s.repeat) * sharing(p, s.active) *
-           (p.alpha + p.beta * (double(s.bytes) + p.delta * double(s.both)) + p.gamma * double(s.reduced));
+    for (const auto& s : r) t += double(s.repeat) * sharing(p, s.active) * step_seconds(p, s);
     return t;
   };
   return double(c.periods) * sum(c.per_step) + sum(c.tail);
@@ -466,7 +486,7 @@ inline std::vector<candidate> evaluate(const problem& pr, const params& p) {
   for (choice q : all_policies) {
     if (!supports(q, pr.coll, pr.commutative)) continue;
     candidate x{q, profile(q, pr), 0};
-    x.seconds = predict(x.c, p);
+    x.seconds = predict(x.c, p) * p.fit.at(pr.coll, q, double(pr.bytes()));
     v.push_back(std::move(x));
   }
   return v;

@@ -14,11 +14,13 @@
 // give exactly what the walk gives (tests/test_model.cpp checks every such function against it,
 // over rank counts 1..33 and uneven sizes). This file is also where they share their arithmetic.
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
 #include "../schedule.hpp"
+#include "automatic.hpp"
 
 namespace collx::algo {
 
@@ -89,6 +91,74 @@ class load_maxima {
 
  private:
   std::vector<step_load> t_;
+};
+
+/// Step times measured at a ladder of message sizes (collx-perf --calibrate): what one step of a
+/// pair of ranks costs when it sends `bytes` one way, when both send `bytes` to each other at
+/// once, and when both also reduce what they receive. Between the sizes it is linear in the
+/// bytes, beyond the largest it goes on along the last segment. Trivially copyable: rank 0
+/// broadcasts it to every rank with the rest of its parameters.
+struct step_curve {
+  static constexpr int kMax = 16;
+  std::int32_t n = 0;  // measured sizes, ascending; 0: none (the linear model below)
+  double bytes[kMax] = {}, one_way[kMax] = {}, exchange[kMax] = {}, reduce[kMax] = {};
+
+  /// The curve `y` at `b` bytes.
+  double at(const double (&y)[kMax], double b) const {
+    if (b <= bytes[0] || n == 1) return y[0];
+    int i = 1;
+    while (i < n - 1 && bytes[i] < b) ++i;
+    const double slope = (y[i] - y[i - 1]) / (bytes[i] - bytes[i - 1]);
+    return std::max(y[0], y[i - 1] + slope * (b - bytes[i - 1]));
+  }
+};
+
+/// How far each policy's measured time is from the model's prediction, by collective and size
+/// (collx-perf --calibrate runs every policy at sizes x2 apart and keeps measured / predicted).
+/// The model multiplies its prediction by the factor at the call's size (interpolated in log2 of
+/// the bytes between the sizes measured, the nearest beyond them): what a schedule's steps
+/// cannot say about a transport — a pipeline that overlaps its steps, a protocol that changes
+/// with the size, a step whose buffers left the cache — is then measured rather than guessed,
+/// as NCCL keeps a latency and bandwidth per algorithm and protocol. Trivially copyable.
+struct policy_fit {
+  static constexpr int kSizes = 24, kCollectives = 6, kPolicies = 5;
+  std::int32_t nsizes = 0;
+  double bytes[kSizes] = {};
+  float factor[kCollectives][kPolicies][kSizes] = {};  // 0: not measured
+
+  /// The index of size b, added in order when new (-1 when full).
+  int slot(double b) {
+    int i = 0;
+    while (i < nsizes && bytes[i] < b) ++i;
+    if (i < nsizes && bytes[i] == b) return i;
+    if (nsizes == kSizes) return -1;
+    for (int j = nsizes; j > i; --j) {
+      bytes[j] = bytes[j - 1];
+      for (auto& c : factor)
+        for (auto& p : c) p[j] = p[j - 1];
+    }
+    bytes[i] = b;
+    for (auto& c : factor)
+      for (auto& p : c) p[i] = 0;
+    ++nsizes;
+    return i;
+  }
+
+  /// The factor for collective c, policy p at b bytes (1 when none was measured).
+  double at(collective c, choice p, double b) const {
+    const float* f = factor[int(c)][int(p)];
+    int lo = -1, hi = -1;
+    for (int i = 0; i < nsizes; ++i) {
+      if (f[i] <= 0) continue;
+      if (bytes[i] <= b) lo = i;
+      if (bytes[i] >= b && hi < 0) hi = i;
+    }
+    if (lo < 0 && hi < 0) return 1.0;
+    if (lo < 0) return f[hi];
+    if (hi < 0 || hi == lo) return f[lo];
+    const double x = std::log2(std::max(1.0, b)), x0 = std::log2(std::max(1.0, bytes[lo])), x1 = std::log2(std::max(1.0, bytes[hi]));
+    return f[lo] + (f[hi] - f[lo]) * (x - x0) / (x1 - x0);
+  }
 };
 
 }  // namespace collx::algo

@@ -142,7 +142,7 @@ void automatic_setup(communicator<T>& comm) {
     comm.transport().abort(e.what());
     throw;
   }
-  b.n = {p.alpha, p.beta, p.gamma, p.delta, p.cores, p.ranks};
+  b.n = {p.alpha, p.beta, p.gamma, p.delta, p.cores, p.ranks, p.curve, p.fit};
   std::copy(o.per.begin(), o.per.end(), b.per);
   b.all = o.all;
   std::snprintf(b.source, sizeof b.source, "%s", p.source.c_str());
@@ -182,7 +182,7 @@ algo::choice automatic_choice(communicator<T>& comm, algo::collective c, std::si
     return algo::choice(st.forced_all);
   const std::array<std::uint64_t, 4> key{std::uint64_t(c) | std::uint64_t(commutative) << 8, count, elem, std::uint64_t(n)};
   if (auto it = st.decisions.find(key); it != st.decisions.end()) return algo::choice(it->second);
-  const model::params p{st.n.alpha, st.n.beta, st.n.gamma, {}, st.n.cores, st.n.ranks, st.n.delta};
+  const model::params p{st.n.alpha, st.n.beta, st.n.gamma, {}, st.n.cores, st.n.ranks, st.n.delta, st.n.curve, st.n.fit};
   const algo::choice best = model::best({c, n, count, elem, 0, commutative}, p);
   if (st.decisions.size() >= st.kMaxDecisions) st.decisions.clear();
   st.decisions.emplace(key, std::int8_t(best));

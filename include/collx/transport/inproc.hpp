@@ -62,8 +62,11 @@ class inproc {
   class group {
    public:
     explicit group(int n)
-        : n_(n), channels_(std::size_t(n) * std::size_t(n)), bells_(std::size_t(n)), state_(std::size_t(n)), why_(std::size_t(n)) {}
+        : n_(n), cores_(detail::usable_cores()), channels_(std::size_t(n) * std::size_t(n)), bells_(std::size_t(n)),
+          state_(std::size_t(n)), why_(std::size_t(n)) {}
     int size() const noexcept { return n_; }
+    /// The cores the job's threads may use (read when the group is made, before any is pinned).
+    int cores() const noexcept { return cores_; }
     channel& chan(int from, int to) noexcept { return channels_[std::size_t(from) * std::size_t(n_) + std::size_t(to)]; }
     detail::waitable& doorbell(int rank) noexcept { return bells_[std::size_t(rank)].w; }
     void ring(int rank) noexcept {
@@ -97,6 +100,7 @@ class inproc {
       detail::waitable w;
     };
     int n_;
+    int cores_;
     std::vector<channel> channels_;
     std::vector<bell> bells_;
     std::vector<std::atomic<int>> state_;
@@ -105,7 +109,7 @@ class inproc {
     std::atomic<int> first_failed_{-1};
   };
 
-  inproc(std::shared_ptr<group> g, int rank) : g_(std::move(g)), rank_(rank), spin_(detail::spin_for(g_->size())) {}
+  inproc(std::shared_ptr<group> g, int rank) : g_(std::move(g)), rank_(rank), spin_(detail::spin_for(g_->size(), g_->cores())) {}
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return g_->size(); }
