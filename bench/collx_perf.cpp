@@ -42,6 +42,7 @@
 #include <vector>
 
 #include <sys/mman.h>
+#include <sys/statvfs.h>
 
 #include <collx/collx.hpp>
 #include <collx/model.hpp>
@@ -339,6 +340,7 @@ struct config : bench_cli::sweep_flags {
   std::string transport = "threads";
   bool demo = false;
   bool calibrate = false;
+  bool footprint = false;
   config() {
     ranks = 8;
     algo = "all";
@@ -909,6 +911,9 @@ void usage(std::FILE* f) {
                "                             and gamma (s per byte reduced) for --transport with -np ranks\n"
                "                             (default 2) and write them to $XDG_CACHE_HOME/collx/ (else\n"
                "                             ~/.cache/collx/), where algo::automatic reads them\n"
+               "  --footprint                the shared memory a job of -np ranks takes (transport::shm): the\n"
+               "                             segment's size, and what /dev/shm loses while the ranks are\n"
+               "                             attached (measured with statvfs)\n"
                "  -h, --help                 this text\n"
                "Exit status: 0, or 1 when any #wrong > 0, 2 for bad flags, 3 when a collective fails.\n",
                names(collectives{}).c_str(), names(policies{}).c_str(), names(dtypes{}).c_str(),
@@ -916,11 +921,45 @@ void usage(std::FILE* f) {
 }
 
 
+/// --footprint: what a job of cfg.ranks ranks takes of /dev/shm. The segment's size
+/// (transport::shm::footprint, every page of it reserved when it is made), and what /dev/shm's
+/// free space drops by while the ranks are attached (statvfs; other users of /dev/shm at the
+/// same time would show in it too).
+int footprint(const config& cfg) {
+  struct statvfs before {};
+  if (statvfs("/dev/shm", &before) != 0) {
+    std::fprintf(stderr, "collx-perf: statvfs /dev/shm: %s\n", std::strerror(errno));
+    return 3;
+  }
+  auto used = [](const struct statvfs& v) { return double(v.f_blocks - v.f_bfree) * double(v.f_frsize); };
+  const double base = used(before);
+  auto* seen = static_cast<double*>(mmap(nullptr, sizeof(double), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  *seen = 0;
+  collx::launch_processes(cfg.ranks, [&](auto& comm) {
+    collx::barrier(comm);  // every rank attached
+    if (comm.rank() == 0) {
+      struct statvfs now {};
+      if (statvfs("/dev/shm", &now) == 0) *seen = used(now) - base;
+    }
+    collx::barrier(comm);
+  });
+  const std::size_t computed = collx::transport::shm::footprint(cfg.ranks);
+  const collx::transport::shm::config sc;
+  std::printf("# collx-perf --footprint: transport::shm with %d ranks, %u data slots of %zu B per rank (COLLX_SHM_SLOTS, "
+              "COLLX_SHM_SLOT_BYTES)\n", cfg.ranks, sc.slots, sc.slot_bytes);
+  std::printf("#  ranks   segment(MiB)   per rank(MiB)   /dev/shm used while attached(MiB)\n");
+  std::printf("%8d %14.2f %15.3f %21.2f\n", cfg.ranks, double(computed) / double(1 << 20),
+              double(computed) / double(1 << 20) / cfg.ranks, *seen / double(1 << 20));
+  munmap(seen, sizeof(double));
+  return 0;
+}
+
 config parse(int argc, char** argv) {
   config cfg;
   bench_cli::parse_flags(argc, argv, cfg, [&](const std::string& a, auto&& value) {
     if (a == "--demo") cfg.demo = true;
     else if (a == "--calibrate") cfg.calibrate = true;
+    else if (a == "--footprint") cfg.footprint = true;
     else if (a == "--transport") cfg.transport = value();
     else return false;
     return true;
@@ -964,6 +1003,7 @@ int main(int argc, char** argv) {
   totals tot;
   try {
     if (cfg.calibrate) return calibrate(cfg);
+    if (cfg.footprint) return footprint(cfg);
     if (cfg.demo) run_demo(cfg, tot);
     else run(cfg, tot);
   } catch (const usage_error& e) {

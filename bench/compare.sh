@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # compare.sh: collx side by side with the library a user would otherwise pick, in one run, as
-# ratios (DESIGN.md, "How we measure": these machines are shared and noisy).
+# ratios (docs/design.md, "How it is measured": these machines are shared and noisy).
 #   BASELINE=mpi  (bench/compare_mpi.sh):  collx-perf --transport shm  vs Open MPI on shared memory
 #   BASELINE=gloo (bench/compare_gloo.sh): collx-perf --transport tcp  vs Gloo over TCP (127.0.0.1)
 #

@@ -1,4 +1,4 @@
-// gloo-perf: the Gloo baseline for collx-perf over TCP (DESIGN.md, "How we measure": side by side
+// gloo-perf: the Gloo baseline for collx-perf over TCP (docs/design.md, "How it is measured": side by side
 // with the library a user would otherwise pick; Gloo is PyTorch's CPU backend). One collective
 // over a size sweep, Gloo's TCP transport on 127.0.0.1, ranks as forked processes meeting through
 // Gloo's file store in a temporary directory:

@@ -1,4 +1,4 @@
-// mpi-perf: the Open MPI baseline for collx-perf (DESIGN.md, "How we measure": side by side with the
+// mpi-perf: the Open MPI baseline for collx-perf (docs/design.md, "How it is measured": side by side with the
 // library a user would otherwise pick). One collective over a size sweep, through the MPI C API:
 //
 //   mpirun -np 4 --oversubscribe --mca pml ob1 --mca btl vader,self mpi-perf -b 8 -e 64M -f 4 --op all_reduce

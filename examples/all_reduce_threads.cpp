@@ -11,7 +11,7 @@
 // a prime count, so the N blocks that ring and recursive halving cut the buffer into are uneven,
 // as they are for real parameter counts.
 //
-// The program runs the call as DESIGN.md shows it (in place, ring), then the out-of-place form,
+// The program runs the call as docs/design.md shows it (in place, ring), then the out-of-place form,
 // then every policy, and checks every element on every rank against the expected average.
 // It exits non-zero if any element is wrong.
 #include <collx/collx.hpp>
@@ -104,8 +104,8 @@ int main() {
               kCount, double(kCount * sizeof(float)) / 1e6, kRanks, double(kRanks - 1) / 2.0);
   bool ok = true;
   try {
-    // The call of DESIGN.md: in place, ring, the policy NCCL uses for large gradients.
-    ok = run("DESIGN.md's call", collx::algo::ring{}, true) && ok;
+    // The call of docs/design.md: in place, ring, the policy NCCL uses for large gradients.
+    ok = run("docs/design.md's call", collx::algo::ring{}, true) && ok;
     ok = run("out-of-place form", collx::algo::ring{}, false) && ok;
 
     // Every policy, both forms. ring: reduce-scatter + all-gather round the ring, 2(N-1) steps;

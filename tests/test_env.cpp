@@ -123,3 +123,40 @@ TEST_CASE("a slot too large for a chunk's size field is refused", "[env][overflo
   c.slot_bytes = std::size_t(8) << 30;  // a chunk's size travels in 32 bits
   CHECK_THAT(error_of([&] { collx::transport::shm t("x", 0, 1, c); }), Contains("slot_bytes"));
 }
+
+TEST_CASE("torchrun's job name differs by rendezvous address, port and restart, not only by run id", "[env]") {
+  // torchrun sets TORCHELASTIC_RUN_ID=none for every job unless told otherwise: a name made of
+  // the run id alone was the same for two jobs at once on one host, and for an elastic restart.
+  scoped_env rank("RANK", "0"), size("WORLD_SIZE", "2"), id("TORCHELASTIC_RUN_ID", "none");
+  auto name = [] { return collx::launch_info_from_env().job; };
+  std::string a, b, c, d;
+  {
+    scoped_env addr("MASTER_ADDR", "127.0.0.1"), port("MASTER_PORT", "29500");
+    a = name();
+    scoped_env restart("TORCHELASTIC_RESTART_COUNT", "1");
+    d = name();
+  }
+  {
+    scoped_env addr("MASTER_ADDR", "127.0.0.1"), port("MASTER_PORT", "29501");
+    b = name();
+  }
+  {
+    scoped_env addr("MASTER_ADDR", "10.0.0.7"), port("MASTER_PORT", "29500");
+    c = name();
+  }
+  CHECK(a != b);
+  CHECK(a != c);
+  CHECK(a != d);
+  CHECK_THAT(a, Contains("none") && Contains("127.0.0.1") && Contains("29500"));
+  {
+    scoped_env addr("MASTER_ADDR", "127.0.0.1"), port("MASTER_PORT", "29500");
+    CHECK(name() == a);  // every rank of one job, and a rerun, computes the same name
+    scoped_env job("COLLX_JOB", "mine");
+    CHECK(name() == "mine");
+  }
+  CHECK_THAT(error_of([] {
+    scoped_env rank("RANK", "0"), size("WORLD_SIZE", "2");
+    ::unsetenv("TORCHELASTIC_RUN_ID");
+    (void)collx::launch_info_from_env();
+  }), Contains("COLLX_JOB"));
+}

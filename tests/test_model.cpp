@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 
 #include "harness.hpp"
@@ -540,4 +541,47 @@ TEST_CASE("the schedule cache is bounded by bytes, and a cycle of 50 shapes hits
     CHECK(decisions[std::size_t(r)] == 50);
     CHECK(bytes[std::size_t(r)] <= std::size_t(4) << 10);
   }
+}
+
+TEST_CASE("measured step times and policy fits: written, read back, and what the model charges", "[model][calibration]") {
+  const auto dir = std::filesystem::temp_directory_path() / ("collx-fit-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "c.txt").string();
+  model::params p{1e-6, 1e-10, 1e-10, {}};
+  for (double b : {8.0, 4096.0, 1048576.0}) {
+    auto& c = p.curve;
+    c.bytes[c.n] = b;
+    c.one_way[c.n] = 1e-6 + b * 1e-10;
+    c.exchange[c.n] = 1e-6 + b * 2e-10;
+    c.reduce[c.n] = 1e-6 + b * 3e-10;
+    ++c.n;
+  }
+  p.fit.factor[int(collective::all_reduce)][int(model::choice::tree)][p.fit.slot(1024)] = 0.5f;
+  p.fit.factor[int(collective::all_reduce)][int(model::choice::tree)][p.fit.slot(4096)] = 2.0f;
+  REQUIRE(model::write_calibration(path, "shm", p, 2) == "");
+  std::string why;
+  const auto q = model::read_calibration(path, &why);
+  REQUIRE(q);
+  CHECK(q->curve.n == 3);
+  CHECK(q->curve.exchange[2] == Approx(p.curve.exchange[2]));
+  CHECK(q->fit.at(collective::all_reduce, model::choice::tree, 1024) == Approx(0.5));
+  CHECK(q->fit.at(collective::all_reduce, model::choice::tree, 2048) == Approx(1.25));  // halfway in log2
+  CHECK(q->fit.at(collective::all_reduce, model::choice::tree, 1 << 20) == Approx(2.0));  // beyond: the nearest
+  CHECK(q->fit.at(collective::all_reduce, model::choice::ring, 2048) == 1.0);            // not measured
+  // A step is charged from the curve: a one-way 4 KiB message its one-way time, an exchange
+  // its exchange time, a reducing exchange its reduce time; between sizes, linearly.
+  using step = collx::algo::step_load;
+  CHECK(model::step_seconds(*q, step{2, 4096, 0, 0, 1}) == Approx(1e-6 + 4096 * 1e-10));
+  CHECK(model::step_seconds(*q, step{2, 4096, 4096, 0, 1}) == Approx(1e-6 + 4096 * 2e-10));
+  CHECK(model::step_seconds(*q, step{2, 4096, 4096, 4096, 1}) == Approx(1e-6 + 4096 * 3e-10));
+  CHECK(model::step_seconds(*q, step{2, 2 << 20, 0, 0, 1}) == Approx(1e-6 + double(2 << 20) * 1e-10));  // beyond: the last slope
+  // Broken lines make the file unusable, with the reason.
+  for (const char* bad : {"step 64 1e-6 2e-6\n", "step 64 1e-6 2e-6 x\n", "step 64 1 1 1\nstep 32 1 1 1\n",
+                          "fit all_reduce rign 64 1.0\n", "fit all_reduce ring 64 1000\n"}) {
+    CAPTURE(bad);
+    std::ofstream(path) << "alpha 1e-6\nbeta 1e-10\ngamma 1e-10\n" << bad;
+    CHECK_FALSE(model::read_calibration(path, &why));
+    CHECK_FALSE(why.empty());
+  }
+  std::filesystem::remove_all(dir);
 }

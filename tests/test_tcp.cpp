@@ -421,7 +421,9 @@ TEST_CASE("over tcp: garbage from an admitted peer is an error naming it, never 
 
 TEST_CASE("over tcp: the rendezvous store refuses clients without the job's token, and garbage", "[tcp][security]") {
   using namespace collx::transport;
-  auto [l, at] = net::listen_on(net::resolve("127.0.0.1", 0));
+  auto listening = net::listen_on(net::resolve("127.0.0.1", 0));
+  auto& l = listening.first;  // not structured bindings: the lambdas below capture them (clang 14)
+  const auto& at = listening.second;
   stderr_capture cap;
   tcp_config cfg;
   cfg.master_addr = "127.0.0.1";

@@ -9,6 +9,9 @@
 
 #include <collx/collx.hpp>
 
+// The reference needs the compiler's _Float16 (GCC 12 on x86-64 has it; clang 14, which builds the
+// sanitizer suites, does not): the release build checks half against it.
+#ifdef __FLT16_MAX__
 TEST_CASE("half converts to float exactly like _Float16, for every bit pattern", "[types]") {
   for (std::uint32_t b = 0; b < 65536; ++b) {
     const auto h = collx::half::from_bits(std::uint16_t(b));
@@ -47,6 +50,7 @@ TEST_CASE("float rounds to half like _Float16 (nearest, ties to even)", "[types]
   }
   CHECK(checked > 1'000'000);
 }
+#endif  // __FLT16_MAX__
 
 TEST_CASE("float rounds to the nearest bfloat16, ties to even", "[types]") {
   std::mt19937 rng(777);

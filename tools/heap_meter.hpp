@@ -2,6 +2,8 @@
 // Counts this program's heap: every operator new and delete goes through here, so a program can
 // say how much memory a piece of work held at most (collx-explain and collx-model-bench: what one
 // decision of algo::automatic holds). Include it in exactly one translation unit of a program.
+// Every form of new and delete that takes no alignment is replaced (plain, array, sized, nothrow):
+// a form left to the library would hand out blocks without the header that delete reads.
 #include <atomic>
 #include <cstddef>
 #include <cstdlib>
@@ -43,5 +45,17 @@ void operator delete(void* p) noexcept {
 }
 void operator delete(void* p, std::size_t) noexcept { operator delete(p); }
 void* operator new[](std::size_t n) { return operator new(n); }
+// The nothrow forms too (std::stable_sort's temporary buffer uses them): a block from any form of
+// new carries the header, so every form of delete can read it.
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+  try {
+    return operator new(n);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void* operator new[](std::size_t n, const std::nothrow_t& t) noexcept { return operator new(n, t); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { operator delete(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { operator delete(p); }
 void operator delete[](void* p) noexcept { operator delete(p); }
 void operator delete[](void* p, std::size_t) noexcept { operator delete(p); }

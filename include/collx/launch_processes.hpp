@@ -190,7 +190,9 @@ void launch_processes(int n, F&& f, options opts, transport::tcp_config cfg) {
   if (n < 1) throw error(errc::invalid_argument, "launch_processes: the rank count must be at least 1, got " + std::to_string(n));
   // The parent opens the store's listening socket before forking: rank 0 serves on it, the others
   // connect to it, and no port can be taken by someone else in between.
-  auto [listener, at] = transport::net::listen_on(transport::net::resolve("127.0.0.1", 0));
+  auto listening = transport::net::listen_on(transport::net::resolve("127.0.0.1", 0));
+  auto& listener = listening.first;  // not a structured binding: lambdas capture it (clang 14)
+  const auto& at = listening.second;
   const int lfd = listener.get();
   detail::launch_processes_with<Decorator>(
       n, detail::unique_job_name(),

@@ -206,8 +206,9 @@ struct recursive_halving {
     const int me = p.rank;
     const std::size_t total = p.blocks.total;
     s.need_tmp(2 * total);
-    const auto [sum, t_end] =
-        doubling(s, f, me, {p.src, 0, total}, {buf::tmp, 0, total}, {buf::tmp, total, total}, region{});
+    const auto d = doubling(s, f, me, {p.src, 0, total}, {buf::tmp, 0, total}, {buf::tmp, total, total}, region{});
+    const region sum = d.sum;  // named, not bound: the lambda below captures it (clang 14)
+    const int t_end = d.t_end;
     if (f.virt(me) < 0) {  // folded away: the odd neighbour hands over this rank's block
       s.at(t_end);
       s.recv(me + 1, p.result());

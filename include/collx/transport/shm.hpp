@@ -193,7 +193,9 @@ class shm {
       body.buf = b;
       body.total = d.bytes;
       body.sig_hash = my_hash;
-      if (b == kBufInline) std::memcpy(body.inline_data, d.data + st.off, nb);
+      if (b == kBufInline) {
+        if (nb != 0) std::memcpy(body.inline_data, d.data + st.off, nb);  // a zero-length message has no data pointer
+      }
       else if (nb != 0) std::memcpy(pool_buffer(rank_, b), d.data + st.off, nb);
       std::memcpy(&l.body, &body, sizeof body);  // one burst, then seq (see line_body)
       l.seq.store(posted + 1, std::memory_order_release);
