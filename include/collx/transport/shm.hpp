@@ -520,236 +520,36 @@ class shm {
   }
   std::string who() const { return "shm " + name_ + ": rank " + std::to_string(rank_); }
 
-  // ---- attach -------------------------------------------------------------------------------
+  // ---- attach (defined in shm/attach.hpp) ---------------------------------------------------
 
-  void attach() {
-    using namespace shm_layout;
-    const auto deadline = std::chrono::steady_clock::now() + cfg_.attach_timeout;
-    if (rank_ == 0) create(deadline);
-    else join(deadline);
-    rank_ctl& m = me();
-    keeper_->hold(&m.alive);
-    m.pid = std::int32_t(getpid());
-    m.base = reinterpret_cast<std::uintptr_t>(base_);
-    if (sched_getaffinity(0, sizeof m.cpus, &m.cpus) != 0) CPU_ZERO(&m.cpus);
-    m.state.store(kLive);
-    left_ = false;
-    pool_.reset(n_, L_.slots);
-    if (rank_ == 0) hdr().magic.store(kMagic, std::memory_order_release);  // now others may join
-    hdr().attached.fetch_add(1, std::memory_order_seq_cst);
-    for (int q = 0; q < n_; ++q) rc(q).doorbell.wake(true);
-    // Everyone attached: the name is no longer needed, so nothing can leak into /dev/shm.
-    while (hdr().attached.load(std::memory_order_seq_cst) < std::uint32_t(n_)) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        std::string missing;
-        for (int q = 0; q < n_; ++q)
-          if (rc(q).state.load() == 0) missing += (missing.empty() ? "" : ", ") + std::to_string(q);
-        shm_unlink(name_.c_str());
-        release();
-        throw error(errc::timeout, who() + " timed out waiting for rank(s) " + missing + " to attach");
-      }
-      const std::uint32_t v = me().doorbell.word.load();
-      if (hdr().attached.load() < std::uint32_t(n_)) detail::futex_wait(me().doorbell.word, v, std::chrono::milliseconds(10), true);
-    }
-    std::uint32_t zero = 0;
-    if (hdr().unlinked.compare_exchange_strong(zero, 1)) shm_unlink(name_.c_str());
-    cpu_set_t job;
-    CPU_ZERO(&job);
-    for (int q = 0; q < n_; ++q) CPU_OR(&job, &job, &rc(q).cpus);
-    spin_ = detail::spin_for(n_, std::max(1, CPU_COUNT(&job)));
-    probe_single_copy(deadline);
-  }
+  void attach();
 
   /// Whether the segment mapped at `base` (at least its first rank_ctl) belongs to a job whose
   /// rank 0 is still attached. Several ranks of a rerun may ask at once: the one that finds the
   /// mutex free (its holder died) holds it for a moment, during which the others find it
   /// taken, so it marks rank 0 failed before it lets go, and a taken mutex counts as alive only
   /// when it is still taken, with rank 0 still live, a moment later.
-  static bool creator_alive(std::byte* base) {
-    auto& r0 = *reinterpret_cast<rank_ctl*>(base + shm_layout::layout::ranks_off());
-    for (int tries = 0;; ++tries) {
-      if (r0.state.load(std::memory_order_acquire) != shm_layout::kLive) return false;
-      const int r = pthread_mutex_trylock(&r0.alive);
-      if (r == EBUSY) {
-        if (tries >= 2) return true;
-        std::this_thread::sleep_for(std::chrono::microseconds(200));
-        continue;
-      }
-      if (r == EOWNERDEAD) pthread_mutex_consistent(&r0.alive);
-      std::uint32_t live = shm_layout::kLive;
-      r0.state.compare_exchange_strong(live, shm_layout::kFailed);
-      if (r == 0 || r == EOWNERDEAD) pthread_mutex_unlock(&r0.alive);
-      return false;
-    }
-  }
+  static bool creator_alive(std::byte* base);
   static constexpr std::size_t prefix_bytes() { return shm_layout::layout::ranks_off() + sizeof(rank_ctl); }
 
   /// Rank 0: replaces what a crashed run left, creates the segment and reserves every page of it.
-  void create(std::chrono::steady_clock::time_point deadline) {
-    using namespace shm_layout;
-    const std::size_t bytes = L_.total_bytes();
-    {  // a segment of this name already? Stale (its rank 0 is gone) is replaced; live is another job.
-      shm_detail::shm_fd old(shm_open(name_.c_str(), O_RDWR, 0600));
-      struct stat st {};
-      if (old.f >= 0 && fstat(old.f, &st) == 0 && std::size_t(st.st_size) >= prefix_bytes()) {
-        shm_detail::mapping m;
-        if (m.map(old.f, prefix_bytes()) &&
-            reinterpret_cast<header*>(m.get())->magic.load(std::memory_order_acquire) == kMagic && creator_alive(m.get()))
-          throw error(errc::invalid_argument, who() + ": another job with this name is attaching (its rank 0 is process " +
-                                                  std::to_string(reinterpret_cast<rank_ctl*>(m.get() + layout::ranks_off())->pid) +
-                                                  "): give each job its own COLLX_JOB");
-      }
-      if (old.f >= 0) shm_unlink(name_.c_str());
-    }
-    shm_detail::shm_fd fd(shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600));
-    if (fd.f < 0) sys_fail("cannot create the segment");
-    auto fail_unlink = [&](const std::string& what) {
-      const int e = errno;
-      shm_unlink(name_.c_str());
-      errno = e;
-      sys_fail(what);
-    };
-    // The header first, so that if the rest does not fit the other ranks can still read why.
-    const std::size_t head = layout::ranks_off();
-    if (ftruncate(fd.f, off_t(head)) != 0) fail_unlink("cannot size the segment");
-    if (int e = shm_detail::reserve(fd.f, head); e != 0) {
-      const auto sp = shm_detail::space_of(fd.f);
-      shm_unlink(name_.c_str());
-      throw error(errc::transport_error, who() + ": /dev/shm is full: not even the segment's header (" + shm_detail::human_bytes(head) +
-                                             ") fits (" + std::strerror(e) + "; " + shm_detail::human_bytes(sp.free) + " free)");
-    }
-    shm_detail::mapping hm;
-    if (!hm.map(fd.f, head)) fail_unlink("cannot map the segment's header");
-    header& h = *reinterpret_cast<header*>(hm.get());
-    h.bytes = bytes;
-    h.n = std::uint32_t(n_);
-    h.slots = L_.slots;
-    h.slot_bytes = L_.slot_bytes;
-    h.first_failed.store(-1);
-    if (ftruncate(fd.f, off_t(bytes)) != 0) fail_unlink("cannot size the segment");
-    if (int e = shm_detail::reserve(fd.f, bytes); e != 0) {
-      (void)!ftruncate(fd.f, off_t(head));  // give back what was reserved
-      const std::string why = shm_detail::does_not_fit(n_, bytes, L_.area_bytes(), shm_detail::space_of(fd.f), e, L_.slots, L_.slot_bytes);
-      std::snprintf(h.why, sizeof h.why, "%s", why.c_str());
-      h.status.store(kReserveFailed, std::memory_order_release);
-      h.attached.store(1);
-      h.magic.store(kMagic, std::memory_order_release);
-      // Every rank reports it: wait (until the deadline) for the others to read it.
-      while (h.attached.load(std::memory_order_acquire) < std::uint32_t(n_) && std::chrono::steady_clock::now() < deadline)
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      shm_unlink(name_.c_str());
-      throw error(errc::transport_error, who() + ": " + why);
-    }
-    hm.reset();
-    shm_detail::mapping all;
-    if (!all.map(fd.f, bytes)) fail_unlink("cannot map the segment");
-    base_ = all.release();
-    bytes_ = bytes;
-    for (int r = 0; r < n_; ++r) shm_detail::init_robust(&rc(r).alive);
-    hdr().status.store(kReady, std::memory_order_release);
-  }
+  void create(std::chrono::steady_clock::time_point deadline);
 
   /// Ranks but 0: waits for rank 0's segment and maps it, letting go of a stale one.
-  void join(std::chrono::steady_clock::time_point deadline) {
-    using namespace shm_layout;
-    const std::size_t bytes = L_.total_bytes();
-    bool saw_stale = false;
-    for (;; std::this_thread::sleep_for(std::chrono::milliseconds(1))) {
-      if (std::chrono::steady_clock::now() > deadline)
-        throw error(errc::timeout, who() + " timed out waiting for rank 0 to create the job's segment" +
-                                       (saw_stale ? " (found one a crashed run left, which rank 0 replaces when it starts)" : ""));
-      shm_detail::shm_fd fd(shm_open(name_.c_str(), O_RDWR, 0600));
-      if (fd.f < 0) continue;
-      struct stat st {};
-      if (fstat(fd.f, &st) != 0 || std::size_t(st.st_size) < layout::ranks_off()) continue;
-      shm_detail::mapping m;
-      if (!m.map(fd.f, layout::ranks_off())) continue;
-      header& h = *reinterpret_cast<header*>(m.get());
-      if (h.magic.load(std::memory_order_acquire) != kMagic) continue;  // rank 0 is still setting it up
-      if (h.status.load(std::memory_order_acquire) == kReserveFailed) {
-        const std::string why(h.why, strnlen(h.why, sizeof h.why));
-        h.attached.fetch_add(1);
-        throw error(errc::transport_error, who() + ": rank 0 " + why);
-      }
-      if (std::size_t(st.st_size) < prefix_bytes() || !m.map(fd.f, prefix_bytes())) continue;
-      const header& hh = *reinterpret_cast<const header*>(m.get());
-      const bool same = hh.n == std::uint32_t(n_) && hh.slots == L_.slots && hh.slot_bytes == L_.slot_bytes && hh.bytes == bytes &&
-                        std::size_t(st.st_size) == bytes;
-      if (!creator_alive(m.get())) {  // a crashed run's: rank 0 replaces it
-        saw_stale = true;
-        continue;
-      }
-      if (!same)
-        throw error(errc::mismatch, who() + " was started for " + std::to_string(n_) + " ranks with " + std::to_string(L_.slots) +
-                                        " slots of " + std::to_string(L_.slot_bytes) + " B, but the job's segment is for " +
-                                        std::to_string(hh.n) + " ranks with " + std::to_string(hh.slots) + " slots of " +
-                                        std::to_string(hh.slot_bytes) + " B (every rank must be started alike)");
-      shm_detail::mapping all;
-      if (!all.map(fd.f, bytes)) sys_fail("cannot map the segment");
-      base_ = all.release();
-      bytes_ = bytes;
-      return;
-    }
-  }
+  void join(std::chrono::steady_clock::time_point deadline);
 
   /// Single copy needs process_vm_readv on every peer (same user; no seccomp or Yama rule
   /// against it). Every rank tries to read each peer's segment header through it; all ranks
   /// then agree: single copy is used only if every probe worked.
-  void probe_single_copy(std::chrono::steady_clock::time_point deadline) {
-    bool ok = !cfg_.single_copy_never();
-    for (int q = 0; q < n_ && ok; ++q) {
-      if (q == rank_) continue;
-      std::uint64_t magic = 0;
-      iovec local{&magic, sizeof magic}, remote{reinterpret_cast<void*>(rc(q).base), sizeof magic};
-      ok = process_vm_readv(rc(q).pid, &local, 1, &remote, 1, 0) == ssize_t(sizeof magic) && magic == shm_layout::kMagic;
-    }
-    if (!ok) hdr().cma_failed.store(1, std::memory_order_seq_cst);
-    hdr().probed.fetch_add(1, std::memory_order_seq_cst);
-    while (hdr().probed.load(std::memory_order_seq_cst) < std::uint32_t(n_) && std::chrono::steady_clock::now() < deadline)
-      std::this_thread::yield();
-    cma_ = hdr().probed.load() == std::uint32_t(n_) && hdr().cma_failed.load() == 0;
-  }
+  void probe_single_copy(std::chrono::steady_clock::time_point deadline);
 
   /// Receives a single-copy message: reads it from the sender's memory, straight into the
   /// destination when it is a copy, through a cache-sized bounce buffer when it reduces.
   /// `reading` tells a sender that fails meanwhile to wait before it unwinds (abort); a sender
   /// that has failed is not read, and what was read from one that failed during the read is
   /// discarded (it may have stopped waiting and reused its memory).
-  void read_remote(channel_ctl& c, const recv_desc& d, std::uint64_t addr, const call_info& call, const combiner& comb, std::size_t elem) {
-    c.reading.store(1, std::memory_order_seq_cst);
-    struct lower {
-      channel_ctl& c;
-      ~lower() { c.reading.store(0, std::memory_order_seq_cst); }
-    } guard{c};
-    if (rc(d.peer).state.load(std::memory_order_seq_cst) == shm_layout::kFailed) report_gone(d.peer, call);
-    const pid_t pid = rc(d.peer).pid;
-    auto read = [&](std::byte* to, std::uint64_t from, std::size_t n) {
-      std::size_t got = 0;
-      while (got < n) {
-        iovec local{to + got, n - got}, remote{reinterpret_cast<void*>(from + got), n - got};
-        const ssize_t k = process_vm_readv(pid, &local, 1, &remote, 1, 0);
-        if (k <= 0) {
-          if (k < 0 && errno == EINTR) continue;
-          if (peer_gone(d.peer)) report_gone(d.peer, call);
-          call.fail(errc::transport_error, "could not read rank " + std::to_string(d.peer) +
-                                               "'s buffer (process_vm_readv): " + std::strerror(errno));
-        }
-        got += std::size_t(k);
-      }
-    };
-    if (d.how == combine::copy) {
-      read(d.dst, addr, d.bytes);
-    } else {
-      const std::size_t piece = std::max(elem, kBounceBytes / elem * elem);
-      if (bounce_.size() < piece) bounce_.resize(piece);
-      for (std::size_t off = 0; off < d.bytes; off += piece) {
-        const std::size_t nb = std::min(piece, d.bytes - off);
-        read(bounce_.data(), addr + off, nb);
-        detail::deliver(d, off, bounce_.data(), nb, comb);
-      }
-    }
-    if (rc(d.peer).state.load(std::memory_order_seq_cst) == shm_layout::kFailed) report_gone(d.peer, call);
-  }
+  void read_remote(channel_ctl& c, const recv_desc& d, std::uint64_t addr, const call_info& call, const combiner& comb,
+                   std::size_t elem);  // shm/single_copy.hpp
   /// How long a sender spins for the acknowledgement of a single-copy message before it
   /// sleeps: while its receiver reads it, and before the receiver has begun.
   static constexpr std::chrono::milliseconds kBusyReadSpin{20};
@@ -757,13 +557,7 @@ class shm {
   /// Bounce buffer of single-copy receives that reduce: small enough to stay in L2.
   static constexpr std::size_t kBounceBytes = std::size_t(256) << 10;
 
-  void release() noexcept {
-    if (base_ == nullptr) return;
-    leave();
-    if (keeper_) keeper_->release();
-    munmap(base_, bytes_);
-    base_ = nullptr;
-  }
+  void release() noexcept;
 
   /// True when peer p can no longer take part: it failed, died, or left.
   bool peer_gone(int p) {
@@ -830,3 +624,7 @@ class shm {
 };
 
 }  // namespace collx::transport
+
+// Defined apart, by responsibility: joining and leaving the segment, and single-copy reads.
+#include "shm/attach.hpp"
+#include "shm/single_copy.hpp"
