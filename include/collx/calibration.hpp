@@ -85,6 +85,11 @@ inline std::optional<params> read_calibration(const std::string& path, std::stri
     return fail(path + " is not a calibration file (not a regular file of at most 64 KiB)");
   std::ifstream f(path);
   if (!f) return fail("cannot read " + path);
+  // std::from_chars: the file's numbers are read the same whatever the program's locale.
+  auto number = [](const std::string& t, double& v) {
+    const auto r = std::from_chars(t.data(), t.data() + t.size(), v);
+    return r.ec == std::errc() && r.ptr == t.data() + t.size() && std::isfinite(v);
+  };
   params p;
   bool a = false, b = false, g = false;
   std::string line, date;
@@ -101,11 +106,7 @@ inline std::optional<params> read_calibration(const std::string& path, std::stri
       const auto c = parse_collective(value);
       const auto q = parse_policy(pol);
       double bytes = 0, factor = 0;
-      auto num = [](const std::string& t, double& v) {
-        const auto r = std::from_chars(t.data(), t.data() + t.size(), v);
-        return r.ec == std::errc() && r.ptr == t.data() + t.size() && std::isfinite(v);
-      };
-      if (!c || !q || !num(b, bytes) || !num(f, factor) || bytes < 0 || !(factor >= 0.01 && factor <= 100))
+      if (!c || !q || !number(b, bytes) || !number(f, factor) || bytes < 0 || !(factor >= 0.01 && factor <= 100))
         return fail(path + ": fit '" + value + " " + pol + " " + b + " " + f + "' is not a collective, a policy, bytes and a factor in [0.01, 100]");
       const int i = p.fit.slot(bytes);
       if (i < 0) return fail(path + ": fit lines at more than " + std::to_string(policy_fit::kSizes) + " sizes");
@@ -116,11 +117,7 @@ inline std::optional<params> read_calibration(const std::string& path, std::stri
       double b = 0, t1 = 0, tx = 0, tr = 0;
       std::string v2, v3, v4;
       if (!(in >> v2 >> v3 >> v4)) return fail(path + ": a step line needs bytes and three times");
-      auto num = [](const std::string& t, double& v) {
-        const auto r = std::from_chars(t.data(), t.data() + t.size(), v);
-        return r.ec == std::errc() && r.ptr == t.data() + t.size() && std::isfinite(v) && v >= 0;
-      };
-      if (!num(value, b) || !num(v2, t1) || !num(v3, tx) || !num(v4, tr) || t1 > 100 || tx > 100 || tr > 100)
+      if (!number(value, b) || !number(v2, t1) || !number(v3, tx) || !number(v4, tr) || b < 0 || t1 < 0 || tx < 0 || tr < 0 || t1 > 100 || tx > 100 || tr > 100)
         return fail(path + ": step '" + value + " " + v2 + " " + v3 + " " + v4 + "' is not bytes and three times in seconds");
       step_curve& c = p.curve;
       if (c.n == step_curve::kMax) return fail(path + ": more than " + std::to_string(step_curve::kMax) + " step lines");
@@ -134,11 +131,6 @@ inline std::optional<params> read_calibration(const std::string& path, std::stri
       if (v >= 1 && v <= 1 << 20) (key == "cores" ? p.cores : p.ranks) = int(v);
       continue;
     }
-    // std::from_chars: the file's numbers are read the same whatever the program's locale.
-    auto number = [](const std::string& t, double& v) {
-      const auto r = std::from_chars(t.data(), t.data() + t.size(), v);
-      return r.ec == std::errc() && r.ptr == t.data() + t.size() && std::isfinite(v);
-    };
     if (key == "delta") {
       double v = 0;
       if (!number(value, v) || !(v >= 0 && v <= 1)) return fail(path + ": delta '" + value + "' is not a number in [0, 1]");
