@@ -341,6 +341,7 @@ struct config : bench_cli::sweep_flags {
   bool demo = false;
   bool calibrate = false;
   bool footprint = false;
+  bool split = false;
   config() {
     ranks = 8;
     algo = "all";
@@ -360,6 +361,8 @@ inline const char* transport_words(const std::string& t) {
 
 /// The transport every run uses: "threads", "shm" or "tcp" (set once from --transport).
 std::string g_transport = "threads";
+/// --split: every run is on a communicator split from the job's that holds every rank.
+bool g_split = false;
 
 /// What ranks report back: in memory shared with forked ranks (MAP_SHARED | MAP_ANONYMOUS), so
 /// it works the same whether the ranks are threads or processes.
@@ -379,7 +382,11 @@ report& shared_report() {
 
 /// One instantiation of every collective for the whole binary: the transport is type-erased
 /// (transport::any) and a rank's body is a std::function.
-void launch(int n, const std::function<void(comm_t&)>& body) {
+void launch(int n, const std::function<void(comm_t&)>& run) {
+  const std::function<void(comm_t&)> body = !g_split ? run : [&run](comm_t& comm) {
+    comm_t child = comm.split(0, comm.rank(), "every rank");
+    run(child);
+  };
   if (g_transport == "shm") collx::launch_processes<collx::transport::as_any>(n, body);
   else if (g_transport == "tcp") collx::launch_processes<collx::transport::as_any>(n, body, collx::options{}, collx::transport::tcp_config{});
   else collx::launch_threads<collx::transport::as_any>(n, body);
@@ -906,6 +913,8 @@ void usage(std::FILE* f) {
                "  --transport threads|shm|tcp  ranks as threads of this process, or as forked processes over\n"
                "                             POSIX shared memory (transport::shm) or TCP on 127.0.0.1\n"
                "                             (transport::tcp, rank 0 serving the rendezvous store)\n"
+               "  --split                    run on a communicator split from the job's that holds every rank\n"
+               "                             (communicator::split: its own channels), to compare with the job's\n"
                "  --demo                     a guided tour: five collectives, 8 ranks, all policies\n"
                "  --calibrate                measure the cost model's alpha (s per step), beta (s per byte)\n"
                "                             and gamma (s per byte reduced) for --transport with -np ranks\n"
@@ -960,6 +969,7 @@ config parse(int argc, char** argv) {
     if (a == "--demo") cfg.demo = true;
     else if (a == "--calibrate") cfg.calibrate = true;
     else if (a == "--footprint") cfg.footprint = true;
+    else if (a == "--split") cfg.split = true;
     else if (a == "--transport") cfg.transport = value();
     else return false;
     return true;
@@ -969,6 +979,7 @@ config parse(int argc, char** argv) {
                       "' is not available: 'threads' (ranks as threads of this process), 'shm' (forked processes "
                       "over shared memory) or 'tcp' (forked processes over loopback sockets)");
   g_transport = cfg.transport;
+  g_split = cfg.split;
   if (cfg.calibrate) {  // two ranks unless -np says otherwise
     bool np = false;
     for (int i = 1; i < argc; ++i) np = np || std::string_view(argv[i]) == "-np" || std::string_view(argv[i]).rfind("--nranks", 0) == 0;

@@ -214,6 +214,63 @@ TEST_CASE("in a container's 64 MiB /dev/shm: 16 ranks run every collective; a jo
   CHECK(too_many == "");
 }
 
+TEST_CASE("in a container's 64 MiB /dev/shm: 16 ranks split three levels deep run on every level with 8 slots; "
+          "with the defaults the split that cannot fit is an error",
+          "[shm][container][split]") {
+  if (!can_mount()) {
+    WARN("skipped: a private mount namespace with its own /dev/shm needs root (unshare, mount)");
+    return;
+  }
+  // Four communicators per rank: 16, 8, 4 and 2 ranks (docs/training.md states the bound).
+  auto deep = [](collx::transport::shm::config cfg) -> std::string {
+    failures f(16);
+    try {
+      collx::launch_processes(16, [&](auto& comm) {
+        const int r = comm.rank();
+        auto c8 = comm.split(r % 2, r);
+        auto c4 = c8.split(c8.rank() % 2, c8.rank());
+        auto c2 = c4.split(c4.rank() % 2, c4.rank());
+        // Each level: an all_reduce of the job ranks (1 MiB and an odd count), checked.
+        int level = 0;
+        for (auto* c : {&comm, &c8, &c4, &c2}) {
+          ++level;
+          std::vector<int> v(262147, r);
+          collx::all_reduce(*c, std::span{v}, collx::ops::sum{});
+          int want = 0;
+          for (int q = 0; q < c->size(); ++q) want += c->job_rank(q);
+          if (v.front() != want || v.back() != want) f.note(r, "level " + std::to_string(level) + " wrong");
+        }
+        if (!f.notes[std::size_t(r)].empty()) throw std::runtime_error(f.notes[std::size_t(r)]);
+      }, collx::options{}, cfg);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return {};
+  };
+  collx::transport::shm::config eight;
+  eight.slots = 8;
+  std::size_t total = 0;
+  for (int m : {16, 8, 4, 2}) total += collx::transport::shm::footprint(m, eight) * std::size_t(16 / m);
+  CAPTURE(total);
+  REQUIRE(total < (std::size_t(60) << 20));
+  const std::string fits = in_child([&]() -> std::string {
+    if (auto e = private_dev_shm("64m"); !e.empty()) return e;
+    if (auto p = deep(eight); !p.empty()) return p;
+    if (!dev_shm_entries().empty()) return "left in /dev/shm: " + dev_shm_entries().front();
+    return {};
+  }, 300s);
+  CHECK(fits == "");
+  const std::string too_big = in_child([&]() -> std::string {
+    if (auto e = private_dev_shm("64m"); !e.empty()) return e;
+    const std::string p = deep({});
+    if (p.find("cannot reserve the job's shared memory") == std::string::npos) return "not the reservation error: " + p;
+    if (p.find("COLLX_SHM_SLOTS=") == std::string::npos) return "no fix named: " + p;
+    if (!dev_shm_entries().empty()) return "left in /dev/shm: " + dev_shm_entries().front();
+    return {};
+  }, 300s);
+  CHECK(too_big == "");
+}
+
 TEST_CASE("a rerun after a crash starts clean: a rank that opens the stale segment first waits for the fresh one",
           "[shm][faults][stale]") {
   const std::string job = "stale-" + std::to_string(getpid());

@@ -1,7 +1,13 @@
 #pragma once
-// communicator<Transport>: a rank's handle on a job. It owns the transport, the options, the
-// sequence number of collective calls (every rank numbers its calls the same way, so the number
-// identifies a call across ranks in error messages), and scratch memory reused across calls.
+// communicator<Transport>: a rank's handle on a job, or on a group of its ranks split from it
+// (split.hpp). It owns the transport, the options, the sequence number of collective calls
+// (every rank numbers its calls the same way, so the number identifies a call across ranks in
+// error messages), scratch memory reused across calls, and the order of its calls: blocking and
+// nonblocking ones (async.hpp) run one at a time in the order issued (detail/call_queue.hpp).
+//
+// It is a move-only handle on state that stays put, so a call in flight on the progress thread
+// is not disturbed by the handle moving. A default-constructed one is null: what split() gives a
+// rank that passes collx::no_color; every call on it fails with errc::invalid_argument.
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -15,10 +21,12 @@
 
 #include "algo/profile.hpp"
 #include "concepts.hpp"
+#include "detail/call_queue.hpp"
 #include "env.hpp"
 #include "error.hpp"
 #include "detail/schedule_cache.hpp"
 #include "schedule.hpp"
+#include "signature.hpp"
 
 namespace collx {
 
@@ -34,6 +42,10 @@ struct options {
   std::chrono::nanoseconds timeout = detail::default_timeout();
 };
 
+/// split()'s color for a rank that joins no new communicator (MPI_UNDEFINED, NCCL_SPLIT_NOCOLOR):
+/// it takes part in the split on the parent and gets a null communicator.
+inline constexpr int no_color = -1;
+
 template <class T>
 class communicator {
   static_assert(check_transport<T>());
@@ -41,22 +53,51 @@ class communicator {
  public:
   using transport_type = T;
 
-  explicit communicator(T t, options o = {}) : t_(std::move(t)), opts_(o) {}
+  explicit communicator(T t, options o = {}) : s_(std::make_unique<state>(std::move(t), o)) {}
+  /// A null communicator (see the top).
+  communicator() = default;
+  communicator(communicator&&) noexcept = default;
+  communicator& operator=(communicator&& o) noexcept {
+    if (this != &o) {
+      s_.reset();  // finishes this one's calls first (state's destructor)
+      s_ = std::move(o.s_);
+    }
+    return *this;
+  }
 
-  int rank() const noexcept { return t_.rank(); }
-  int size() const noexcept { return t_.size(); }
-  const options& opts() const noexcept { return opts_; }
-  T& transport() noexcept { return t_; }
-  const T& transport() const noexcept { return t_; }
+  /// False for a null communicator.
+  bool valid() const noexcept { return s_ != nullptr; }
+  explicit operator bool() const noexcept { return valid(); }
+
+  /// This rank's number and the number of ranks (-1 and 0 when null).
+  int rank() const noexcept { return s_ ? s_->t.rank() : -1; }
+  int size() const noexcept { return s_ ? s_->t.size() : 0; }
+  const options& opts() const noexcept { return s_->opts; }
+  T& transport() noexcept { return s_->t; }
+  const T& transport() const noexcept { return s_->t; }
+
+  /// Which communicator this is, for messages: its name ("" for the job's own) and the job rank
+  /// of each of its ranks.
+  const comm_identity& identity() const noexcept { return s_->id; }
+  /// The name split() gave it ("" for the job's own communicator).
+  const std::string& name() const noexcept { return s_->id.name; }
+  /// The job rank of rank r of this communicator (r itself on the job's own).
+  int job_rank(int r) const noexcept { return s_->id.job_rank(r); }
+
+  /// MPI_Comm_split: a collective call on this communicator. The ranks that pass the same color
+  /// form a new communicator, ranked by (key, rank here); a rank that passes collx::no_color
+  /// gets a null one. `name` names the new communicator in messages (default: its place among
+  /// the splits: "s<k>c<color>"). Defined in split.hpp.
+  communicator split(int color, int key, const std::string& name = {});
 
   /// The sequence number of the next collective call (1-based).
-  std::uint64_t next_seq() noexcept { return ++seq_; }
-  std::uint64_t calls() const noexcept { return seq_; }
+  std::uint64_t next_seq() noexcept { return ++s_->seq; }
+  std::uint64_t calls() const noexcept { return s_->seq; }
 
   /// The digest of this rank's zero-element calls so far (signature.hpp): such calls return at
   /// once and are checked against the peers' at the next call that exchanges.
-  std::uint64_t empty_calls() const noexcept { return empty_; }
-  void set_empty_calls(std::uint64_t d) noexcept { empty_ = d; }
+  std::uint64_t empty_calls() const noexcept { return s_->empty; }
+  void set_empty_calls(std::uint64_t d) noexcept { s_->empty = d; }
 
   using schedule_key = detail::schedule_key;
 
@@ -64,9 +105,9 @@ class communicator {
   /// build() when not there. The caller holds it for as long as it runs it.
   template <class Build>
   std::shared_ptr<const schedule> cached_schedule(const schedule_key& k, Build&& build) {
-    return cache_.get(k, std::forward<Build>(build));
+    return s_->cache.get(k, std::forward<Build>(build));
   }
-  detail::schedule_cache& schedules() noexcept { return cache_; }
+  detail::schedule_cache& schedules() noexcept { return s_->cache; }
 
   /// algo::automatic's state for this communicator (collectives/common.hpp fills and reads it):
   /// the cost model's parameters and COLLX_ALGO's overrides as rank 0 has them (every rank then
@@ -96,21 +137,28 @@ class communicator {
     static constexpr std::size_t kMaxDecisions = std::size_t(1) << 16;
     std::unordered_map<std::array<std::uint64_t, 4>, std::int8_t, shape_hash> decisions;
   };
-  automatic_state& automatic() noexcept { return auto_; }
+  automatic_state& automatic() noexcept { return s_->auto_; }
 
   /// Scratch memory for schedules that need it; grows, never shrinks, reused across calls.
   std::byte* scratch(std::size_t bytes) {
-    if (scratch_.size() < bytes) scratch_.resize(bytes);
-    return scratch_.data();
+    auto& v = s_->scratch;
+    if (v.size() < bytes) v.resize(bytes);
+    return v.data();
+  }
+
+  /// The order of this communicator's calls (detail/call_queue.hpp).
+  detail::call_queue& calls_queue() { return s_->queue; }
+  /// Splits made on this communicator so far (names the next one).
+  std::uint32_t& splits() noexcept { return s_->splits; }
+
+  /// Makes a communicator over transport t that the split of this one created.
+  communicator make_child(T t, comm_identity id) const {
+    communicator c(std::move(t), s_->opts);
+    c.s_->id = std::move(id);
+    return c;
   }
 
  private:
-  T t_;
-  options opts_;
-  std::uint64_t seq_ = 0;
-  std::uint64_t empty_ = 0;
-  automatic_state auto_;
-  detail::schedule_cache cache_;
   // aligned storage: max_align_t-sized elements
   struct alignas(64) line { std::byte b[64]; };
   struct bytes_vec {
@@ -118,7 +166,23 @@ class communicator {
     std::size_t size() const { return v.size() * sizeof(line); }
     void resize(std::size_t n) { v.resize((n + sizeof(line) - 1) / sizeof(line)); }
     std::byte* data() { return v.empty() ? nullptr : v.front().b; }
-  } scratch_;
+  };
+  struct state {
+    state(T x, options o) : t(std::move(x)), opts(o) {}
+    ~state() { queue.shutdown(); }  // outstanding calls finish before the transport goes
+    T t;
+    options opts;
+    std::uint64_t seq = 0;
+    std::uint64_t empty = 0;
+    std::uint32_t splits = 0;
+    comm_identity id;
+    std::string uid;  // unique among the job's communicators ("" for the job's own): split_plan::id
+    automatic_state auto_;
+    detail::schedule_cache cache;
+    bytes_vec scratch;
+    detail::call_queue queue;  // last: its thread may use everything above
+  };
+  std::unique_ptr<state> s_;
 };
 
 }  // namespace collx

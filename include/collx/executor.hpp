@@ -42,6 +42,15 @@ template <class T>
   throw error(errc::invalid_argument, msg);
 }
 
+/// The order of comm's calls (detail/call_queue.hpp); a null communicator fails the call here.
+template <class T>
+call_queue& queue_of(communicator<T>& comm, const char* collective) {
+  if (!comm.valid())
+    throw error(errc::invalid_argument, std::string(collective) +
+                                            ": the communicator is null (this rank passed collx::no_color to split)");
+  return comm.calls_queue();
+}
+
 /// a + b, or an invalid_argument failure when it does not fit a size_t (sums of user counts).
 template <class T>
 std::size_t checked_add(communicator<T>& comm, const call_info& call, std::size_t a, std::size_t b, const char* what) {
@@ -163,6 +172,8 @@ call_info make_call(communicator<T>& comm, const char* collective, const char* p
     c.sig.op_hash = op_hash;
   }
   c.sig.seq = comm.next_seq();
+  c.sig.comm = comm.identity().hash;
+  c.comm = &comm.identity();
   c.sig.empty_calls = comm.empty_calls();
   c.sig.count = count;
   c.sig.elem_size = std::uint32_t(sizeof(E));

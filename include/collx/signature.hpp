@@ -15,6 +15,8 @@
 #include <cstring>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "error.hpp"
 
@@ -50,20 +52,40 @@ inline std::string format_seconds(std::chrono::nanoseconds d) {
 }
 }  // namespace detail
 
+/// Which communicator a call is on, for messages: its name and, for a communicator split from
+/// another (communicator::split), the job rank of each of its ranks. The job's own communicator
+/// has an empty name and no map: its ranks are the job's.
+struct comm_identity {
+  std::string name;
+  std::vector<int> job_ranks;
+  std::uint64_t hash = 0;  // of the name: carried in every signature (0 for the job's own)
+  bool is_job() const noexcept { return job_ranks.empty(); }
+  int job_rank(int r) const noexcept {
+    return job_ranks.empty() || r < 0 || std::size_t(r) >= job_ranks.size() ? r : job_ranks[std::size_t(r)];
+  }
+  /// "rank 2" on the job's communicator, "rank 2 (job rank 5)" on a split one.
+  std::string rank_name(int r) const {
+    std::string s = "rank " + std::to_string(r);
+    if (!is_job()) s += " (job rank " + std::to_string(job_rank(r)) + ")";
+    return s;
+  }
+};
+
 /// Trivially copyable, fixed size: it travels in message headers on wire transports.
 struct call_signature {
   char collective[16] = {};
   char policy[24] = {};
-  char op[32] = {};
+  char op[24] = {};
   std::uint64_t seq = 0;
   std::uint64_t empty_calls = 0;  // digest of this rank's earlier zero-element calls (see the top)
   std::uint64_t count = 0;
   std::uint64_t op_hash = 0;
+  std::uint64_t comm = 0;  // comm_identity::hash of the communicator
   std::uint32_t elem_size = 0;
   std::int32_t root = -1;
 
   friend bool operator==(const call_signature& a, const call_signature& b) {
-    return a.seq == b.seq && a.empty_calls == b.empty_calls && a.count == b.count && a.op_hash == b.op_hash && a.elem_size == b.elem_size &&
+    return a.seq == b.seq && a.comm == b.comm && a.empty_calls == b.empty_calls && a.count == b.count && a.op_hash == b.op_hash && a.elem_size == b.elem_size &&
            a.root == b.root && std::strncmp(a.collective, b.collective, sizeof a.collective) == 0 &&
            std::strncmp(a.policy, b.policy, sizeof a.policy) == 0;
   }
@@ -72,7 +94,7 @@ struct call_signature {
   std::uint64_t hash() const noexcept {
     std::uint64_t h = detail::fnv1a(std::string_view(collective, strnlen(collective, sizeof collective)));
     h = (h ^ detail::fnv1a(std::string_view(policy, strnlen(policy, sizeof policy)))) * 1099511628211ull;
-    for (std::uint64_t x : {seq, empty_calls, count, op_hash, std::uint64_t(elem_size), std::uint64_t(std::uint32_t(root))})
+    for (std::uint64_t x : {seq, empty_calls, count, op_hash, comm, std::uint64_t(elem_size), std::uint64_t(std::uint32_t(root))})
       h = (h ^ x) * 1099511628211ull;
     return h;
   }
@@ -103,49 +125,66 @@ struct call_signature {
 struct call_info {
   call_signature sig;
   int rank = 0;
+  /// The communicator (names it and its job ranks in messages); null: the job's own.
+  const comm_identity* comm = nullptr;
   std::chrono::nanoseconds timeout{};
   /// Sends complete only once their receivers have taken them (point to point: collectives/p2p.hpp).
   bool synchronous = false;
 
-  /// "all_reduce #42 (ring): rank 3"
+  /// "all_reduce #42 (ring): rank 3", or on a split communicator
+  /// "all_reduce #42 (ring) on communicator tp: rank 1 (job rank 3)"
   std::string prefix() const {
-    return std::string(sig.collective, strnlen(sig.collective, sizeof sig.collective)) + " #" + std::to_string(sig.seq) +
-           " (" + std::string(sig.policy, strnlen(sig.policy, sizeof sig.policy)) + "): rank " + std::to_string(rank);
+    std::string s = std::string(sig.collective, strnlen(sig.collective, sizeof sig.collective)) + " #" + std::to_string(sig.seq) +
+                    " (" + std::string(sig.policy, strnlen(sig.policy, sizeof sig.policy)) + ")";
+    if (comm != nullptr && !comm->is_job()) s += " on communicator " + comm->name;
+    return s + ": " + peer(rank);
   }
+
+  /// "rank 2", or "rank 2 (job rank 5)" on a split communicator: every message names peers so.
+  std::string peer(int p) const { return comm == nullptr ? "rank " + std::to_string(p) : comm->rank_name(p); }
 
   [[noreturn]] void fail(errc e, const std::string& what) const { throw error(e, prefix() + " " + what); }
 
   [[noreturn]] void timed_out(int peer, const char* waiting_for) const {
-    fail(errc::timeout, "timed out after " + detail::format_seconds(timeout) + std::string(kWaitingFor) +
-                            std::to_string(peer) + " (" + waiting_for + ")");
+    fail(errc::timeout, "timed out after " + detail::format_seconds(timeout) + " waiting for " + this->peer(peer) + " (" +
+                            waiting_for + ")");
   }
 
-  /// The rank a timed_out() message names, or -1 (launchers follow chains of timeouts with it).
+  /// The job rank a timed_out() message names, or -1 (launchers follow chains of timeouts with
+  /// it): "waiting for rank 2 (job rank 5)" names job rank 5.
   static int waited_for(const std::string& what) {
     const auto at = what.find(kWaitingFor);
     if (at == std::string::npos) return -1;
-    int r = 0;
-    bool any = false;
-    for (std::size_t i = at + std::strlen(kWaitingFor); i < what.size() && what[i] >= '0' && what[i] <= '9' && r < 1 << 24; ++i) {
-      r = r * 10 + (what[i] - '0');
-      any = true;
-    }
-    return any ? r : -1;
+    auto number = [&](std::size_t i) {
+      int r = 0;
+      bool any = false;
+      for (; i < what.size() && what[i] >= '0' && what[i] <= '9' && r < 1 << 24; ++i) {
+        r = r * 10 + (what[i] - '0');
+        any = true;
+      }
+      return std::pair{any ? r : -1, i};
+    };
+    const auto [r, end] = number(at + std::strlen(kWaitingFor));
+    static constexpr std::string_view job = " (job rank ";
+    if (r >= 0 && what.compare(end, job.size(), job) == 0) return number(end + job.size()).first;
+    return r;
   }
   static constexpr const char* kWaitingFor = " waiting for rank ";
 
   /// Compares the signature and size of a message from `peer` with what this rank expects.
   void check_match(int peer, const call_signature& theirs, std::size_t their_bytes, std::size_t my_bytes) const {
+    if (theirs.comm != sig.comm)
+      fail(errc::mismatch, "got a message from " + this->peer(peer) + " of a call on another communicator: " + theirs.describe());
     if (theirs.empty_calls != sig.empty_calls && theirs.seq == sig.seq)
-      fail(errc::mismatch, "and rank " + std::to_string(peer) +
+      fail(errc::mismatch, "and " + this->peer(peer) +
                                " made different calls with zero elements before this one (those exchange nothing, "
                                "so they are compared here): this rank calls " +
-                               sig.describe() + ", rank " + std::to_string(peer) + " " + theirs.describe());
+                               sig.describe() + ", " + this->peer(peer) + " " + theirs.describe());
     if (!(theirs == sig))
-      fail(errc::mismatch, "and rank " + std::to_string(peer) + " made different calls: this rank called " +
-                               sig.describe() + ", rank " + std::to_string(peer) + " called " + theirs.describe());
+      fail(errc::mismatch, "and " + this->peer(peer) + " made different calls: this rank called " + sig.describe() + ", " +
+                               this->peer(peer) + " called " + theirs.describe());
     if (their_bytes != my_bytes)
-      fail(errc::mismatch, "expected " + std::to_string(my_bytes) + " B from rank " + std::to_string(peer) +
+      fail(errc::mismatch, "expected " + std::to_string(my_bytes) + " B from " + this->peer(peer) +
                                " but it sent " + std::to_string(their_bytes) + " B (counts differ between ranks)");
   }
 };

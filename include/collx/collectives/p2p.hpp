@@ -24,6 +24,8 @@ call_info p2p_call(communicator<T>& comm) {
   set_name(c.sig.policy, "direct");
   c.sig.count = 0;  // the receiver checks the byte count of each message instead (a sendrecv's two may differ)
   c.sig.elem_size = std::uint32_t(sizeof(E));
+  c.sig.comm = comm.identity().hash;
+  c.comm = &comm.identity();
   c.rank = comm.rank();
   c.timeout = comm.opts().timeout;
   c.synchronous = true;
@@ -41,6 +43,7 @@ void check_peer(communicator<T>& comm, const call_info& c, int peer, const char*
 /// Sends `data` to rank `peer`; returns once `peer` has called the matching recv.
 template <class T, class E>
 void send(communicator<T>& comm, std::span<const E> data, int peer) {
+  const detail::call_queue::turn turn(detail::queue_of(comm, "send/recv"));
   const call_info call = detail::p2p_call<E>(comm);
   detail::check_peer(comm, call, peer, "send");
   schedule s;
@@ -56,6 +59,7 @@ void send(communicator<T>& comm, std::span<E> data, int peer) {
 /// Receives `data.size()` elements from rank `peer`.
 template <class T, class E>
 void recv(communicator<T>& comm, std::span<E> data, int peer) {
+  const detail::call_queue::turn turn(detail::queue_of(comm, "send/recv"));
   const call_info call = detail::p2p_call<E>(comm);
   detail::check_peer(comm, call, peer, "recv");
   schedule s;
@@ -68,6 +72,7 @@ void recv(communicator<T>& comm, std::span<E> data, int peer) {
 /// for one another). `dst` and `src` may be the same rank; `out` and `in` must not overlap.
 template <class T, class E>
 void sendrecv(communicator<T>& comm, std::span<const std::type_identity_t<E>> out, int dst, std::span<E> in, int src) {
+  const detail::call_queue::turn turn(detail::queue_of(comm, "send/recv"));
   const call_info call = detail::p2p_call<E>(comm);
   detail::check_peer(comm, call, dst, "sendrecv");
   detail::check_peer(comm, call, src, "sendrecv");

@@ -11,6 +11,8 @@
 #include <utility>
 
 #include "../concepts.hpp"
+#include "../error.hpp"
+#include "../split_plan.hpp"
 
 namespace collx::transport {
 
@@ -34,6 +36,8 @@ class any {
   void leave() noexcept { p_->leave(); }
   /// The transport's own name ("inproc", "shm", ...).
   const char* kind() const noexcept { return p_->kind(); }
+  split_offer prepare_split() { return p_->prepare_split(); }
+  any split(const split_plan& p, split_offer&& o) const { return any(p_->split(p, std::move(o))); }
 
  private:
   struct iface {
@@ -44,6 +48,8 @@ class any {
     virtual void abort(const std::string&) noexcept = 0;
     virtual void leave() noexcept = 0;
     virtual const char* kind() const noexcept = 0;
+    virtual split_offer prepare_split() = 0;
+    virtual std::unique_ptr<iface> split(const split_plan&, split_offer&&) const = 0;
   };
   template <class T>
   struct model final : iface {
@@ -59,7 +65,16 @@ class any {
       if constexpr (requires { t.leave(); }) t.leave();
     }
     const char* kind() const noexcept override { return T::name; }
+    split_offer prepare_split() override {
+      if constexpr (requires { t.prepare_split(); }) return t.prepare_split();
+      else throw error(errc::invalid_argument, std::string("transport ") + T::name + " cannot split");
+    }
+    std::unique_ptr<iface> split(const split_plan& p, split_offer&& o) const override {
+      if constexpr (requires { t.split(p, std::move(o)); }) return std::make_unique<model<T>>(t.split(p, std::move(o)));
+      else throw error(errc::invalid_argument, std::string("transport ") + T::name + " cannot split");
+    }
   };
+  explicit any(std::unique_ptr<iface> p) noexcept : p_(std::move(p)) {}
   std::unique_ptr<iface> p_;
 };
 

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "../concepts.hpp"
+#include "../split_plan.hpp"
 
 namespace collx::transport {
 
@@ -46,6 +47,13 @@ class counting {
   void leave() noexcept
     requires requires(T& t) { t.leave(); }
   { inner_.leave(); }
+
+  split_offer prepare_split()
+    requires requires(T& t) { t.prepare_split(); }
+  { return inner_.prepare_split(); }
+  counting split(const split_plan& p, split_offer&& o) const
+    requires requires(const T& t, split_offer&& x) { t.split(p, std::move(x)); }
+  { return counting(inner_.split(p, std::move(o))); }
 
   const traffic& counts() const noexcept { return t_; }
   void reset() noexcept { t_ = {}; }

@@ -16,6 +16,7 @@
 // collective everywhere instead of hanging it.
 #include <atomic>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -26,6 +27,7 @@
 #include "../detail/wait.hpp"
 #include "../error.hpp"
 #include "../signature.hpp"
+#include "../split_plan.hpp"
 #include "deliver.hpp"
 
 namespace collx::transport {
@@ -75,6 +77,29 @@ class inproc {
       if (d.sleepers.load(std::memory_order_seq_cst) != 0) detail::futex_wake_all(d.word, false);
     }
 
+    /// The group of a communicator split from this one (split_plan.hpp): every member asks for
+    /// it, the first makes it, the last takes it out of the registry. Its ranks are gone when
+    /// they are gone here (a thread that left or failed the job has left every group).
+    static std::shared_ptr<group> join_split(const std::shared_ptr<group>& parent, const split_plan& p) {
+      struct entry {
+        std::shared_ptr<group> g;
+        int joined = 0;
+      };
+      static std::mutex mu;
+      static std::map<std::pair<const group*, std::string>, entry> registry;
+      std::lock_guard lk(mu);
+      const auto key = std::pair{static_cast<const group*>(parent.get()), p.id};
+      entry& e = registry[key];
+      if (!e.g) {
+        e.g = std::make_shared<group>(p.size);
+        e.g->parent_ = parent;
+        e.g->members_ = p.members;
+      }
+      std::shared_ptr<group> g = e.g;
+      if (++e.joined == p.size) registry.erase(key);
+      return g;
+    }
+
     /// Marks `rank` as gone: it left normally, or it failed (and then the whole job is aborted).
     void leave(int rank, bool failed, const std::string& why) noexcept {
       {
@@ -88,11 +113,24 @@ class inproc {
       }
       for (int q = 0; q < n_; ++q) ring(q);  // every sleeper re-checks
     }
-    rank_state state(int rank) const noexcept { return rank_state(state_[std::size_t(rank)].load()); }
-    int first_failed() const noexcept { return first_failed_.load(); }
+    rank_state state(int rank) const noexcept {
+      const auto s = rank_state(state_[std::size_t(rank)].load());
+      if (s != rank_state::live || !parent_) return s;
+      return parent_->state(members_[std::size_t(rank)]);
+    }
+    int first_failed() const noexcept {
+      const int f = first_failed_.load();
+      if (f >= 0 || !parent_) return f;
+      for (int r = 0; r < n_; ++r)
+        if (parent_->state(members_[std::size_t(r)]) == rank_state::failed) return r;
+      return -1;
+    }
     std::string why(int rank) const {
-      std::lock_guard lk(mu_);
-      return why_[std::size_t(rank)];
+      {
+        std::lock_guard lk(mu_);
+        if (!why_[std::size_t(rank)].empty() || !parent_) return why_[std::size_t(rank)];
+      }
+      return parent_->why(members_[std::size_t(rank)]);
     }
 
    private:
@@ -107,12 +145,18 @@ class inproc {
     mutable std::mutex mu_;
     std::vector<std::string> why_;
     std::atomic<int> first_failed_{-1};
+    std::shared_ptr<group> parent_;  // split groups: the group split, and the members' ranks there
+    std::vector<int> members_;
   };
 
   inproc(std::shared_ptr<group> g, int rank) : g_(std::move(g)), rank_(rank), spin_(detail::spin_for(g_->size(), g_->cores())) {}
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return g_->size(); }
+
+  /// Splits (split_plan.hpp): the new communicator's group is made in this process.
+  split_offer prepare_split() { return {}; }
+  inproc split(const split_plan& p, split_offer&&) const { return inproc(group::join_split(g_, p), p.rank); }
 
   void exchange(std::span<const send_desc> sends, std::span<const recv_desc> recvs, const exchange_context& ctx) {
     const call_info& call = *ctx.call;

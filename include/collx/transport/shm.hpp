@@ -64,6 +64,7 @@
 #include "../environment.hpp"
 #include "../error.hpp"
 #include "../signature.hpp"
+#include "../split_plan.hpp"
 #include "deliver.hpp"
 #include "shm/config.hpp"
 #include "shm/layout.hpp"
@@ -113,6 +114,13 @@ class shm {
     std::string s = "/collx-";
     for (char c : job.substr(0, 200)) s += (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_') ? c : '_';
     return s;
+  }
+
+  /// Splits (split_plan.hpp): the new communicator's segment, of its size, named after this
+  /// one's and the split's id, made as a job's is (its rank 0 creates it, the others join).
+  split_offer prepare_split() { return {}; }
+  shm split(const split_plan& p, split_offer&&) const {
+    return shm(name_.substr(std::strlen("/collx-")) + "." + p.id, p.rank, p.size, cfg_);
   }
 
   /// The bytes of shared memory a job of n ranks reserves with cfg (shm/layout.hpp).

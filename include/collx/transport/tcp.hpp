@@ -8,13 +8,17 @@
 //                       sends and receives together, synchronous sends for point to point, faults;
 //   tcp/wire.hpp        what goes on the wire, and the parsers every byte read passes through.
 // Every socket is owned (net::fd) and closed on every path.
+#include <cstring>
 #include <span>
 #include <string>
 #include <utility>
 
+#include <sys/socket.h>
+
 #include "../concepts.hpp"
 #include "../environment.hpp"
 #include "../error.hpp"
+#include "../split_plan.hpp"
 #include "tcp/config.hpp"
 #include "tcp/rendezvous.hpp"
 #include "tcp/socket.hpp"
@@ -33,14 +37,57 @@ class tcp {
 
   /// Rank `rank` of `size` in job `job`, meeting through cfg's store (cfg.store_path, or the
   /// TCP store at cfg.master_addr:cfg.master_port served by rank 0).
-  tcp(std::string job, int rank, int size, config cfg = {}) : rank_(rank), n_(size) {
+  tcp(std::string job, int rank, int size, config cfg = {}) : rank_(rank), n_(size), job_(job), cfg_(cfg) {
     if (size < 1 || rank < 0 || rank >= size)
       throw error(errc::invalid_argument, "tcp: rank " + std::to_string(rank) + " is out of range for " + std::to_string(size) + " ranks");
     if (job.empty() || job.size() > 128) throw error(errc::invalid_argument, "tcp: the job name must have 1..128 characters");
+    cfg_.serve_store_fd = -1;
     net::fd served(std::exchange(cfg.serve_store_fd, -1));
     tcp_detail::rendezvous r(std::move(job), rank, size, std::move(cfg), std::move(served));
     r.run();
+    token_ = r.token();
+    crowded_ = r.crowded();
     net_ = tcp_detail::streams(std::move(r.peers()), r.crowded());
+  }
+
+  /// Before a split (split_plan.hpp): a socket the new communicator's peers connect to, on the
+  /// address this rank's connections use; the offer carries it as "host:port".
+  split_offer prepare_split() {
+    split_offer o;
+    if (n_ == 1) return o;
+    net::address here;
+    here.len = sizeof here.ss;
+    const int s = net_.socket_of(rank_ == 0 ? 1 : 0);
+    if (getsockname(s, here.sa(), &here.len) != 0)
+      throw error(errc::transport_error, "tcp: rank " + std::to_string(rank_) + ": split: getsockname failed");
+    here.set_port(0);
+    auto [listener, at] = net::listen_on(here);
+    const std::string where = at.str();
+    if (where.size() >= o.blob.size()) throw error(errc::transport_error, "tcp: split: address " + where + " is too long");
+    std::memcpy(o.blob.data(), where.data(), where.size());
+    o.keep = std::make_shared<net::fd>(std::move(listener));
+    return o;
+  }
+
+  /// The new communicator's connections: each member connects to the members below it and
+  /// admits those above it with the job's token, as at the job's start.
+  tcp split(const split_plan& p, split_offer&& o) const {
+    tcp t;
+    t.rank_ = p.rank;
+    t.n_ = p.size;
+    t.job_ = job_ + "." + p.id;
+    t.cfg_ = cfg_;
+    t.token_ = token_;
+    t.crowded_ = crowded_;
+    if (p.size > 1) {
+      std::vector<std::string> where(std::size_t(p.size));
+      for (int q = 0; q < p.size; ++q) where[std::size_t(q)] = std::string(p.offers[std::size_t(q)].data(), strnlen(p.offers[std::size_t(q)].data(), split_offer::kBlob));
+      net::fd listener = std::move(*std::static_pointer_cast<net::fd>(o.keep));
+      tcp_detail::rendezvous r(t.job_, p.rank, p.size, cfg_, net::fd{});
+      r.run_split(std::move(listener), where, token_, crowded_, net::clock::now() + cfg_.rendezvous_timeout);
+      t.net_ = tcp_detail::streams(std::move(r.peers()), crowded_);
+    }
+    return t;
   }
 
   /// Rank, size, job and MASTER_ADDR/MASTER_PORT from the launcher's environment (environment.hpp).
@@ -54,12 +101,20 @@ class tcp {
     return tcp(li.job, li.rank, li.size, std::move(cfg));
   }
 
-  tcp(tcp&& o) noexcept : rank_(o.rank_), n_(o.n_), net_(std::move(o.net_)), moved_from_(false) { o.moved_from_ = true; }
+  tcp(tcp&& o) noexcept
+      : rank_(o.rank_), n_(o.n_), job_(std::move(o.job_)), cfg_(std::move(o.cfg_)), token_(std::move(o.token_)),
+        crowded_(o.crowded_), net_(std::move(o.net_)), moved_from_(false) {
+    o.moved_from_ = true;
+  }
   tcp& operator=(tcp&& o) noexcept {
     if (this != &o) {
       leave();
       rank_ = o.rank_;
       n_ = o.n_;
+      job_ = std::move(o.job_);
+      cfg_ = std::move(o.cfg_);
+      token_ = std::move(o.token_);
+      crowded_ = o.crowded_;
       net_ = std::move(o.net_);
       moved_from_ = false;
       o.moved_from_ = true;
@@ -88,7 +143,12 @@ class tcp {
   }
 
  private:
+  tcp() = default;
   int rank_ = 0, n_ = 1;
+  std::string job_;
+  config cfg_;
+  std::string token_;
+  bool crowded_ = false;
   tcp_detail::streams net_;
   bool moved_from_ = false;
 };

@@ -149,6 +149,7 @@ class rendezvous {
         token = *t;
       }
     }
+    token_ = token;
     const auto tok = token_field(token);
     // Listen, and publish where.
     net::address here;
@@ -233,6 +234,32 @@ class rendezvous {
         ::usleep(1000);
       }
     }
+    size_buffers();
+  }
+
+  /// The job's token (after run()): a communicator split from this one admits its peers with it.
+  const std::string& token() const noexcept { return token_; }
+
+  /// A communicator split from a connected one (split_plan.hpp): no store, the members'
+  /// addresses came in the split's all_gather, and `listener` is the socket this rank offered.
+  void run_split(net::fd listener, const std::vector<std::string>& where, const std::string& token, bool crowded,
+                 net::clock::time_point deadline) {
+    token_ = token;
+    crowded_ = crowded;
+    peers_.clear();
+    peers_.resize(std::size_t(n_));
+    std::vector<net::address> addr(static_cast<std::size_t>(n_));
+    for (int q = 0; q < n_; ++q) {
+      if (q == rank_) continue;
+      addr[std::size_t(q)] = net::parse_host_port(where[std::size_t(q)]);
+      peers_[std::size_t(q)].where = where[std::size_t(q)];
+    }
+    connect_mesh(listener, addr, token_field(token), deadline);
+    size_buffers();
+  }
+
+  /// config::socket_buffer_bytes on every connection.
+  void size_buffers() {
     for (conn& p : peers_)
       if (p.s && cfg_.socket_buffer_bytes > 0) {
         setsockopt(p.s.get(), SOL_SOCKET, SO_SNDBUF, &cfg_.socket_buffer_bytes, sizeof cfg_.socket_buffer_bytes);
@@ -351,6 +378,7 @@ class rendezvous {
   net::fd served_;  // launch_processes: the store's listening socket (rank 0), owned from the start
   std::vector<conn> peers_;
   bool crowded_ = false;
+  std::string token_;
 };
 
 }  // namespace collx::transport::tcp_detail

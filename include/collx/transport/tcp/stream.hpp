@@ -72,6 +72,8 @@ class streams {
   }
 
   const std::string& where(int p) const { return peers_.at(std::size_t(p)).where; }
+  /// The socket of the connection to peer p (a split listens on the address it uses).
+  int socket_of(int p) const { return peers_.at(std::size_t(p)).s.get(); }
   bool dead() const noexcept { return dead_; }
 
   void exchange(std::span<const send_desc> sends, std::span<const recv_desc> recvs, const exchange_context& ctx) {

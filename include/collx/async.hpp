@@ -1,0 +1,73 @@
+#pragma once
+// Nonblocking collectives: collx::async::all_reduce(comm, ...) and the same for every collective
+// and for send/recv. Each takes the blocking call's arguments (spans, op, root, policy) and
+// returns a collx::work (work.hpp); the buffers belong to the call until it completes.
+//
+//   auto w = collx::async::all_reduce(comm, std::span{grads}, collx::ops::avg{});
+//   compute();          // the call advances meanwhile, on the communicator's progress thread
+//   w.wait();           // the result is in place; the call's collx::error is thrown here
+//
+// Calls on one communicator complete in the order issued, blocking and nonblocking mixed, and
+// every rank must issue them in the same order (a rank that does not gets errc::mismatch, as
+// with blocking calls). Deadlines, mismatches and lost peers reach wait() with the messages of
+// the blocking call. send and recv keep their rule (a send completes once its receiver has the
+// message) and their order: two ranks that exchange both ways use sendrecv, or a fused batch
+// (fuse.hpp), which posts its sends and receives together.
+#include <functional>
+#include <utility>
+
+#include "collectives/all_gather.hpp"
+#include "collectives/all_reduce.hpp"
+#include "collectives/all_to_all.hpp"
+#include "collectives/barrier.hpp"
+#include "collectives/broadcast.hpp"
+#include "collectives/gather_scatter.hpp"
+#include "collectives/p2p.hpp"
+#include "collectives/reduce.hpp"
+#include "collectives/reduce_scatter.hpp"
+#include "communicator.hpp"
+#include "work.hpp"
+
+namespace collx {
+
+namespace detail {
+/// Queues f on comm: it runs after every call issued before it (detail/call_queue.hpp).
+template <class T, class F>
+work submit(communicator<T>& comm, const char* what, F&& f) {
+  return work(queue_of(comm, what).submit(std::function<void()>(std::forward<F>(f))));
+}
+}  // namespace detail
+
+namespace async {
+
+// Arguments are taken by value (spans, ops, policies, roots): a container passed where a span is
+// expected does not compile, rather than reducing a copy.
+#define COLLX_ASYNC_CALL(name)                                                                   \
+  template <class T, class... A>                                                                 \
+  work name(communicator<T>& comm, A... args) {                                                  \
+    return detail::submit(comm, #name, [&comm, args...]() { ::collx::name(comm, args...); });    \
+  }
+
+COLLX_ASYNC_CALL(all_reduce)
+COLLX_ASYNC_CALL(reduce_scatter)
+COLLX_ASYNC_CALL(all_gather)
+COLLX_ASYNC_CALL(broadcast)
+COLLX_ASYNC_CALL(reduce)
+COLLX_ASYNC_CALL(all_to_all)
+COLLX_ASYNC_CALL(all_to_all_v)
+COLLX_ASYNC_CALL(gather)
+COLLX_ASYNC_CALL(scatter)
+COLLX_ASYNC_CALL(barrier)
+COLLX_ASYNC_CALL(send)
+COLLX_ASYNC_CALL(recv)
+COLLX_ASYNC_CALL(sendrecv)
+#undef COLLX_ASYNC_CALL
+
+/// Any sequence of calls on comm as one nonblocking call: f(comm) runs in its turn.
+template <class T, class F>
+work run(communicator<T>& comm, F f) {
+  return detail::submit(comm, "async::run", [&comm, f = std::move(f)]() mutable { f(comm); });
+}
+
+}  // namespace async
+}  // namespace collx

@@ -1,0 +1,222 @@
+#pragma once
+// collx::fused: several calls issued as one, as NCCL's ncclGroupStart/End and torch's
+// coalescing manager do.
+//
+//   collx::fused f(comm);
+//   for (auto& g : small_grads) f.all_reduce(std::span{g}, collx::ops::sum{});
+//   f.broadcast(std::span{flags}, 0);
+//   f.send(std::span{act}, next).recv(std::span{grad}, next);
+//   f.run();                          // or: collx::work w = f.launch(); ... w.wait();
+//
+// - All-reduces of one element type, op and policy (stateless ones: every op and policy collx
+//   has) are packed into one buffer and reduced by one all_reduce: one message per peer per
+//   step, the latency of one call for all of them, then copied back. Packed, each element is
+//   reduced as in a call of the packed size (an op that is not associative in floating point may
+//   round differently from the separate calls; integers and exact ops give the same result).
+// - Sends and receives are posted together, in one step: two ranks may send to each other, and a
+//   pipeline stage sends forward and receives backward at once (a separate send and recv would
+//   each wait for the other side in turn).
+// - Everything else runs back to back, in the order added, as one call on the communicator's
+//   queue: no hand-off or synchronisation between them.
+// The calls run in the order of their first appearance (a pack where its first all_reduce was
+// added, the sends and receives where the first of them was). Every rank must add the same calls
+// in the same order; the buffers belong to the batch until it has run.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+#include "async.hpp"
+
+namespace collx {
+
+template <class T>
+class fused {
+ public:
+  explicit fused(communicator<T>& comm) : comm_(&comm) {}
+  fused(const fused&) = delete;
+  fused& operator=(const fused&) = delete;
+
+  /// In place, packed with the batch's other all-reduces of E, Op and Algo.
+  template <class E, class Op, class Algo = algo::automatic>
+    requires(!detail::is_span_v<Op>)
+  fused& all_reduce(std::span<E> buf, Op op, Algo a = {}) {
+    return add_reduce<E>(buf.data(), buf.data(), buf.size(), op, a);
+  }
+  template <class E, class Op, class Algo = algo::automatic>
+  fused& all_reduce(std::span<const std::type_identity_t<E>> in, std::span<E> out, Op op, Algo a = {}) {
+    if (in.size() != out.size()) {
+      // Left to the call itself, which fails the communicator with the usual message.
+      return then([in, out, op, a](communicator<T>& c) { collx::all_reduce(c, in, out, op, a); });
+    }
+    return add_reduce<E>(in.data(), out.data(), in.size(), op, a);
+  }
+
+  /// Posted in one step with the batch's other sends and receives.
+  template <class E>
+  fused& send(std::span<E> data, int peer) {
+    return add_p2p(peer, reinterpret_cast<const std::byte*>(data.data()), nullptr, data.size_bytes(), sizeof(E));
+  }
+  template <class E>
+  fused& recv(std::span<E> data, int peer) {
+    static_assert(!std::is_const_v<E>, "collx: recv needs a writable span");
+    return add_p2p(peer, nullptr, reinterpret_cast<std::byte*>(data.data()), data.size_bytes(), sizeof(E));
+  }
+
+  // The rest: in order, back to back.
+#define COLLX_FUSED_CALL(name)                                                         \
+  template <class... A>                                                                \
+  fused& name(A... args) {                                                             \
+    return then([args...](communicator<T>& c) { ::collx::name(c, args...); });        \
+  }
+  COLLX_FUSED_CALL(reduce_scatter)
+  COLLX_FUSED_CALL(all_gather)
+  COLLX_FUSED_CALL(broadcast)
+  COLLX_FUSED_CALL(reduce)
+  COLLX_FUSED_CALL(all_to_all)
+  COLLX_FUSED_CALL(all_to_all_v)
+  COLLX_FUSED_CALL(gather)
+  COLLX_FUSED_CALL(scatter)
+  COLLX_FUSED_CALL(barrier)
+#undef COLLX_FUSED_CALL
+
+  /// Any call, f(comm), in its place in the batch.
+  fused& then(std::function<void(communicator<T>&)> f) {
+    items_.push_back(std::make_shared<generic>(std::move(f)));
+    return *this;
+  }
+
+  /// The whole batch as one nonblocking call; the batch is empty again after.
+  work launch() {
+    auto items = std::move(items_);
+    items_.clear();
+    packs_.clear();
+    p2p_ = nullptr;
+    return detail::submit(*comm_, "fused", [items = std::move(items), c = comm_] {
+      for (auto& i : items) i->run(*c);
+    });
+  }
+  /// The whole batch, blocking.
+  void run() { launch().wait(); }
+
+  std::size_t size() const noexcept { return items_.size(); }
+
+ private:
+  struct item {
+    virtual ~item() = default;
+    virtual void run(communicator<T>& c) = 0;
+  };
+  struct generic final : item {
+    std::function<void(communicator<T>&)> f;
+    explicit generic(std::function<void(communicator<T>&)> x) : f(std::move(x)) {}
+    void run(communicator<T>& c) override { f(c); }
+  };
+  template <class E, class Op, class Algo>
+  struct pack final : item {
+    struct part {
+      const E* in;
+      E* out;
+      std::size_t n;
+    };
+    Op op;
+    Algo algo;
+    std::vector<part> parts;
+    pack(Op o, Algo a) : op(o), algo(a) {}
+    void run(communicator<T>& c) override {
+      if (parts.size() == 1) {
+        const part& p = parts[0];
+        if (p.in == p.out) collx::all_reduce(c, std::span<E>(p.out, p.n), op, algo);
+        else collx::all_reduce(c, std::span<const E>(p.in, p.n), std::span<E>(p.out, p.n), op, algo);
+        return;
+      }
+      std::size_t total = 0;
+      for (const part& p : parts) total += p.n;
+      std::vector<E> buf(total);
+      std::size_t at = 0;
+      for (const part& p : parts) {
+        if (p.n != 0) std::memcpy(buf.data() + at, p.in, p.n * sizeof(E));
+        at += p.n;
+      }
+      collx::all_reduce(c, std::span<E>(buf), op, algo);
+      at = 0;
+      for (const part& p : parts) {
+        if (p.n != 0) std::memcpy(p.out, buf.data() + at, p.n * sizeof(E));
+        at += p.n;
+      }
+    }
+  };
+  struct p2p final : item {
+    struct msg {
+      int peer;
+      const std::byte* src;  // a send
+      std::byte* dst;        // a receive
+      std::size_t bytes;
+    };
+    std::vector<msg> msgs;
+    std::size_t elem = 0;  // the element size they share, or 1 when they differ
+    void run(communicator<T>& c) override {
+      call_info call = detail::p2p_call<std::byte>(c);
+      call.sig.elem_size = std::uint32_t(elem == 0 ? 1 : elem);
+      for (const msg& m : msgs) detail::check_peer(c, call, m.peer, m.src ? "fused send" : "fused recv");
+      // Regions are offsets from the lowest address of each side (the executor's in and out).
+      auto low = [&](bool sends) {
+        std::uintptr_t lo = UINTPTR_MAX;
+        for (const msg& m : msgs)
+          if ((m.src != nullptr) == sends && m.bytes != 0)
+            lo = std::min(lo, reinterpret_cast<std::uintptr_t>(sends ? m.src : m.dst));
+        return lo == UINTPTR_MAX ? std::uintptr_t(0) : lo;
+      };
+      const std::uintptr_t in0 = low(true), out0 = low(false);
+      schedule s;
+      for (const msg& m : msgs) {
+        if (m.src != nullptr) s.send(m.peer, {buf::in, m.bytes ? reinterpret_cast<std::uintptr_t>(m.src) - in0 : 0, m.bytes});
+        else s.recv(m.peer, {buf::out, m.bytes ? reinterpret_cast<std::uintptr_t>(m.dst) - out0 : 0, m.bytes});
+      }
+      detail::execute(c, call, s, reinterpret_cast<const std::byte*>(in0), reinterpret_cast<std::byte*>(out0), no_op{});
+    }
+  };
+
+  template <class E, class Op, class Algo>
+  fused& add_reduce(const E* in, E* out, std::size_t n, Op op, Algo a) {
+    static_assert(detail::check_reducing<E, Op, Algo>());
+    if constexpr (std::is_empty_v<Op> && std::is_empty_v<Algo>) {
+      static constexpr char kind = 0;  // one per <E, Op, Algo>
+      for (auto& [k, p] : packs_)
+        if (k == &kind) {
+          static_cast<pack<E, Op, Algo>*>(p)->parts.push_back({in, out, n});
+          return *this;
+        }
+      auto p = std::make_shared<pack<E, Op, Algo>>(op, a);
+      p->parts.push_back({in, out, n});
+      packs_.push_back({&kind, p.get()});
+      items_.push_back(std::move(p));
+    } else {
+      auto p = std::make_shared<pack<E, Op, Algo>>(op, a);
+      p->parts.push_back({in, out, n});
+      items_.push_back(std::move(p));
+    }
+    return *this;
+  }
+
+  fused& add_p2p(int peer, const std::byte* src, std::byte* dst, std::size_t bytes, std::size_t elem) {
+    if (!p2p_) {
+      auto p = std::make_shared<p2p>();
+      p2p_ = p.get();
+      items_.push_back(std::move(p));
+    }
+    p2p_->msgs.push_back({peer, src, dst, bytes});
+    p2p_->elem = p2p_->elem == 0 || p2p_->elem == elem ? elem : 1;
+    return *this;
+  }
+
+  communicator<T>* comm_;
+  std::vector<std::shared_ptr<item>> items_;
+  std::vector<std::pair<const void*, item*>> packs_;
+  p2p* p2p_ = nullptr;
+};
+
+}  // namespace collx

@@ -1,0 +1,109 @@
+#pragma once
+// communicator::split (MPI_Comm_split, ncclCommSplit) and mesh(), which splits a job laid out as
+// a d1 x d2 x ... grid into one communicator per dimension (torch's DeviceMesh).
+//
+// A split is one all_gather on the parent of a 120-byte entry per rank: its color, its key and
+// its transport's offer (split_plan.hpp). Every rank then knows every group, and the members of
+// each make their transport's channels among themselves (no store, no new rendezvous): a
+// communicator costs, per rank, a share of a shared-memory segment of its size over shm
+// (shm::footprint(m) / m, ~1.1 MiB with the defaults), m - 1 sockets over tcp, and a group of
+// m x m channels in the process over threads. A rank that passes collx::no_color takes part in
+// the all_gather and gets a null communicator.
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "collectives/all_gather.hpp"
+#include "communicator.hpp"
+#include "split_plan.hpp"
+
+namespace collx {
+
+namespace detail {
+struct split_entry {
+  std::int32_t color;
+  std::int32_t key;
+  std::array<char, split_offer::kBlob> blob;
+};
+static_assert(sizeof(split_entry) == 120);
+}  // namespace detail
+
+template <class T>
+communicator<T> communicator<T>::split(int color, int key, const std::string& name) {
+  static_assert(requires(T& t, const split_plan& p, split_offer&& o) {
+                  { t.prepare_split() } -> std::same_as<split_offer>;
+                  { t.split(p, std::move(o)) } -> std::same_as<T>;
+                },
+                "collx: this transport cannot split: it needs `split_offer prepare_split()` and "
+                "`T split(const split_plan&, split_offer&&)` (split_plan.hpp)");
+  const detail::call_queue::turn turn(detail::queue_of(*this, "split"));
+  split_offer offer = transport().prepare_split();
+  detail::split_entry mine{std::int32_t(color), std::int32_t(key), offer.blob};
+  std::vector<detail::split_entry> all(static_cast<std::size_t>(size()));
+  all_gather(*this, std::span<const detail::split_entry>(&mine, 1), std::span<detail::split_entry>(all), algo::ring{});
+  const std::uint32_t index = ++splits();
+  // Every rank has every entry, so every rank finds a bad color and fails alike.
+  for (int r = 0; r < size(); ++r)
+    if (all[std::size_t(r)].color < 0 && all[std::size_t(r)].color != no_color)
+      throw error(errc::invalid_argument, "split #" + std::to_string(index) + (name.empty() ? "" : " (" + name + ")") +
+                                              (identity().is_job() ? "" : " of communicator " + identity().name) + ": " +
+                                              identity().rank_name(r) + " passed color " +
+                                              std::to_string(all[std::size_t(r)].color) +
+                                              " (a color is >= 0, or collx::no_color to join none)");
+  if (color == no_color) return communicator{};
+  std::vector<int> members;
+  for (int r = 0; r < size(); ++r)
+    if (all[std::size_t(r)].color == color) members.push_back(r);
+  std::stable_sort(members.begin(), members.end(),
+                   [&](int a, int b) { return all[std::size_t(a)].key < all[std::size_t(b)].key; });  // ties: parent rank
+  split_plan plan;
+  plan.id = (s_->id.is_job() ? std::string() : s_->uid + ".") + "s" + std::to_string(index) + "c" + std::to_string(color);
+  plan.size = int(members.size());
+  plan.rank = int(std::find(members.begin(), members.end(), rank()) - members.begin());
+  plan.members = members;
+  for (int m : members) plan.offers.push_back(all[std::size_t(m)].blob);
+  plan.timeout = opts().timeout;
+  comm_identity id;
+  id.name = name.empty() ? plan.id : name;
+  for (int m : members) id.job_ranks.push_back(job_rank(m));
+  id.hash = detail::fnv1a(plan.id) | 1;  // never 0 (the job's own)
+  communicator child = make_child(transport().split(plan, std::move(offer)), std::move(id));
+  child.s_->uid = plan.id;
+  return child;
+}
+
+/// The communicators of a job laid out row-major as a dims[0] x dims[1] x ... grid (the last
+/// dimension varies fastest: DP x TP puts a TP group on consecutive ranks): element k holds the
+/// ranks that differ from this one in coordinate k only, ranked by that coordinate. A collective
+/// call on comm, whose size must be the product of dims. `names` name them in messages.
+template <class T>
+std::vector<communicator<T>> mesh(communicator<T>& comm, const std::vector<int>& dims,
+                                  const std::vector<std::string>& names = {}) {
+  long long total = 1;
+  for (int d : dims) {
+    if (d < 1) throw error(errc::invalid_argument, "mesh: every dimension must be at least 1, got " + std::to_string(d));
+    total *= d;
+  }
+  if (dims.empty() || total != comm.size())
+    throw error(errc::invalid_argument, "mesh: " + std::to_string(comm.size()) + " ranks cannot be laid out as a grid of " +
+                                            std::to_string(total) + " ranks");
+  std::vector<int> coord(dims.size());
+  for (int r = comm.rank(), k = int(dims.size()) - 1; k >= 0; --k) {
+    coord[std::size_t(k)] = r % dims[std::size_t(k)];
+    r /= dims[std::size_t(k)];
+  }
+  std::vector<communicator<T>> out;
+  for (std::size_t k = 0; k < dims.size(); ++k) {
+    int color = 0;  // the other coordinates, row-major
+    for (std::size_t j = 0; j < dims.size(); ++j)
+      if (j != k) color = color * dims[j] + coord[j];
+    out.push_back(comm.split(color, coord[k], k < names.size() ? names[k] : std::string()));
+  }
+  return out;
+}
+
+}  // namespace collx

@@ -1,0 +1,35 @@
+#pragma once
+// What communicator::split (split.hpp) hands a transport to make the new communicator's: every
+// member agrees on the plan, which one small all_gather on the parent produced.
+//
+// A transport that can split supplies
+//   split_offer prepare_split();                        before the all_gather: what it brings
+//   T split(const split_plan&, split_offer&&);          after it: the new communicator's transport
+// Each communicator gets channels of its own (inproc: a group of its own; shm: a segment of the
+// new communicator's size; tcp: a connection between each pair of its ranks), so its messages
+// never meet another communicator's, whatever runs at the same time.
+#include <array>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace collx {
+
+/// What a rank brings to a split besides its color and key: whatever its transport needs to
+/// connect the new communicator's ranks (tcp: the address it listens on for them).
+struct split_offer {
+  static constexpr std::size_t kBlob = 112;
+  std::array<char, kBlob> blob{};
+  std::shared_ptr<void> keep;  // what the blob refers to (a listening socket), until the split is made
+};
+
+struct split_plan {
+  std::string id;                   // unique among the job's communicators; the same on every member
+  int rank = 0, size = 1;           // this rank's place in the new communicator, and its size
+  std::vector<int> members;         // the members' ranks on the parent, in the new order
+  std::vector<std::array<char, split_offer::kBlob>> offers;  // each member's blob, in the new order
+  std::chrono::nanoseconds timeout{};  // the parent's options::timeout
+};
+
+}  // namespace collx

@@ -1,0 +1,433 @@
+// Nonblocking calls (async.hpp), fused batches (fuse.hpp) and gradient buckets (buckets.hpp):
+// results against the serial reference, order, progress while the caller computes, and errors
+// that reach wait() as blocking calls report them.
+#include <catch2/catch.hpp>
+
+#include <collx/collx.hpp>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "harness.hpp"
+
+using namespace collx_test;
+using namespace std::chrono_literals;
+
+namespace {
+
+/// One outstanding call of some kind and what it must leave, checked after every wait.
+struct pending_check {
+  collx::work w;
+  std::function<std::string()> check;
+};
+
+/// Issues `calls` nonblocking calls of mixed kinds and counts (0, 1, n-1, n+1, a prime) on comm,
+/// all outstanding at once, then waits for them in order and checks each against the reference.
+template <class Comm, class Note>
+void many_outstanding(Comm& comm, int calls, Note note) {
+  const int n = comm.size(), r = comm.rank();
+  const std::size_t counts[] = {0, 1, std::size_t(n > 1 ? n - 1 : 2), std::size_t(n + 1), 1009};
+  std::vector<std::shared_ptr<void>> keep;  // the buffers, alive until the checks ran
+  std::vector<pending_check> out;
+  for (int i = 0; i < calls; ++i) {
+    const std::size_t count = counts[std::size_t(i) % 5];
+    const int root = i % n;
+    switch (i % 8) {
+      case 0: {  // all_reduce sum, in place
+        auto b = std::make_shared<std::vector<int>>(inputs<int, collx::ops::sum>(r, count));
+        keep.push_back(b);
+        out.push_back({collx::async::all_reduce(comm, std::span{*b}, collx::ops::sum{}),
+                       [b, n, count] { return compare(*b, reference<int>(collx::ops::sum{}, n, count)); }});
+        break;
+      }
+      case 1: {  // all_reduce max, out of place
+        auto in = std::make_shared<std::vector<long>>(inputs<long, collx::ops::max>(r, count));
+        auto o = std::make_shared<std::vector<long>>(count);
+        keep.push_back(in);
+        keep.push_back(o);
+        out.push_back({collx::async::all_reduce(comm, std::span<const long>{*in}, std::span{*o}, collx::ops::max{}),
+                       [o, n, count] { return compare(*o, reference<long>(collx::ops::max{}, n, count)); }});
+        break;
+      }
+      case 2: {  // broadcast
+        auto b = std::make_shared<std::vector<int>>(count);
+        for (std::size_t j = 0; j < count; ++j) (*b)[j] = payload<int>(r, j);
+        keep.push_back(b);
+        out.push_back({collx::async::broadcast(comm, std::span{*b}, root), [b, root, count] {
+                         std::vector<int> want(count);
+                         for (std::size_t j = 0; j < count; ++j) want[j] = payload<int>(root, j);
+                         return compare(*b, want);
+                       }});
+        break;
+      }
+      case 3: {  // all_gather
+        auto in = std::make_shared<std::vector<int>>(count);
+        auto o = std::make_shared<std::vector<int>>(count * std::size_t(n));
+        for (std::size_t j = 0; j < count; ++j) (*in)[j] = payload<int>(r, j);
+        keep.push_back(in);
+        out.push_back({collx::async::all_gather(comm, std::span<const int>{*in}, std::span{*o}), [in, o, n, count] {
+                         std::vector<int> want(count * std::size_t(n));
+                         for (int q = 0; q < n; ++q)
+                           for (std::size_t j = 0; j < count; ++j) want[std::size_t(q) * count + j] = payload<int>(q, j);
+                         return compare(*o, want);
+                       }});
+        break;
+      }
+      case 4: {  // reduce_scatter
+        auto in = std::make_shared<std::vector<int>>(inputs<int, collx::ops::sum>(r, count * std::size_t(n)));
+        auto o = std::make_shared<std::vector<int>>(count);
+        keep.push_back(in);
+        out.push_back({collx::async::reduce_scatter(comm, std::span<const int>{*in}, std::span{*o}, collx::ops::sum{}),
+                       [o, n, r, count] {
+                         const auto want = reference<int>(collx::ops::sum{}, n, count * std::size_t(n));
+                         return compare(*o, std::vector<int>(want.begin() + std::ptrdiff_t(count) * r,
+                                                             want.begin() + std::ptrdiff_t(count) * (r + 1)));
+                       }});
+        break;
+      }
+      case 5: {  // all_to_all
+        auto in = std::make_shared<std::vector<int>>(count * std::size_t(n));
+        auto o = std::make_shared<std::vector<int>>(count * std::size_t(n));
+        for (std::size_t j = 0; j < in->size(); ++j) (*in)[j] = payload<int>(r, j);
+        keep.push_back(in);
+        out.push_back({collx::async::all_to_all(comm, std::span<const int>{*in}, std::span{*o}), [o, n, r, count] {
+                         std::vector<int> want(count * std::size_t(n));
+                         for (int q = 0; q < n; ++q)
+                           for (std::size_t j = 0; j < count; ++j)
+                             want[std::size_t(q) * count + j] = payload<int>(q, std::size_t(r) * count + j);
+                         return compare(*o, want);
+                       }});
+        break;
+      }
+      case 6: {  // reduce to a root
+        auto in = std::make_shared<std::vector<int>>(inputs<int, collx::ops::sum>(r, count));
+        auto o = std::make_shared<std::vector<int>>(r == root ? count : 0);
+        keep.push_back(in);
+        out.push_back({collx::async::reduce(comm, std::span<const int>{*in}, std::span{*o}, collx::ops::sum{}, root),
+                       [o, n, r, root, count] {
+                         return r == root ? compare(*o, reference<int>(collx::ops::sum{}, n, count)) : std::string();
+                       }});
+        break;
+      }
+      default:
+        out.push_back({collx::async::barrier(comm), [] { return std::string(); }});
+    }
+  }
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    out[i].w.wait();
+    if (!out[i].w.test()) note("test() false after wait()");
+    if (auto p = out[i].check(); !p.empty()) note("call " + std::to_string(i) + ": " + p);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("64 and more outstanding nonblocking calls of mixed kinds and counts, every result checked", "[async]") {
+  for (int n : {1, 2, 3, 5}) {
+    CAPTURE(n);
+    auto body = [](auto& comm, auto note) { many_outstanding(comm, 80, note); };
+    CHECK(run_checked<threads>(n, body) == "");
+    CHECK(run_checked<processes>(n, body) == "");
+    CHECK(run_checked<processes_tcp>(n, body) == "");
+  }
+  // And on split communicators, from two threads of each rank at once.
+  CHECK(run_checked<processes>(4, [](auto& comm, auto note) {
+          auto a = comm.split(comm.rank() % 2, comm.rank());
+          auto b = comm.split(comm.rank() / 2, comm.rank());
+          std::string pa, pb;
+          std::thread t([&] { many_outstanding(b, 64, [&](const std::string& s) { if (pb.empty()) pb = s; }); });
+          many_outstanding(a, 64, [&](const std::string& s) { if (pa.empty()) pa = s; });
+          t.join();
+          note(pa);
+          note(pb);
+        }) == "");
+}
+
+TEST_CASE("blocking and nonblocking calls complete in the order issued", "[async]") {
+  CHECK(run_checked<threads>(3, [](auto& comm, auto note) {
+          // Each call doubles what the one before it left, then adds the rank: the result tells
+          // the order they ran in.
+          std::vector<long> v(5, 1);
+          std::vector<collx::work> ws;
+          for (int i = 0; i < 10; ++i) {
+            if (i % 3 == 2) collx::all_reduce(comm, std::span{v}, collx::ops::sum{});
+            else ws.push_back(collx::async::all_reduce(comm, std::span{v}, collx::ops::sum{}));
+          }
+          for (auto& w : ws) w.wait();
+          long want = 1;
+          for (int i = 0; i < 10; ++i) want *= 3;
+          if (v[0] != want) note("got " + std::to_string(v[0]) + ", want " + std::to_string(want));
+        }) == "");
+}
+
+TEST_CASE("an outstanding call advances while the caller computes, not only inside wait()", "[async]") {
+  auto body = [](auto& comm, auto note) {
+    std::vector<int> v(100000, comm.rank());
+    auto w = collx::async::all_reduce(comm, std::span{v}, collx::ops::sum{});
+    // "Compute" without calling wait(): the call must complete meanwhile.
+    const auto until = std::chrono::steady_clock::now() + 20s;
+    while (!w.test() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+    if (!w.test()) note("the call did not complete while the caller was not waiting");
+    w.wait();
+    if (v[0] != comm.size() * (comm.size() - 1) / 2) note("wrong sum");
+  };
+  CHECK(run_checked<threads>(3, body) == "");
+  CHECK(run_checked<processes>(3, body) == "");
+  CHECK(run_checked<processes_tcp>(3, body) == "");
+}
+
+TEST_CASE("destroying a work that was not waited for waits for its call", "[async]") {
+  CHECK(run_checked<processes>(3, [](auto& comm, auto note) {
+          std::vector<int> v(50000, 1);
+          {
+            auto w = collx::async::all_reduce(comm, std::span{v}, collx::ops::sum{});
+          }  // waits here
+          if (v.front() != 3 || v.back() != 3) note("the call had not completed when its work was destroyed");
+          // A work assigned over waits for the one it held.
+          std::vector<int> a(10, 1), b(10, 2);
+          collx::work w = collx::async::all_reduce(comm, std::span{a}, collx::ops::sum{});
+          w = collx::async::all_reduce(comm, std::span{b}, collx::ops::sum{});
+          if (a[0] != 3) note("assigning over a work did not wait for it");
+          w.wait();
+          if (b[0] != 6) note("wrong second result");
+        }) == "");
+}
+
+TEST_CASE("errors reach wait() with the blocking call's messages", "[async][errors]") {
+  collx::options o;
+  o.timeout = 300ms;
+  SECTION("timeout: a rank that never makes the call") {
+    std::string msg;
+    std::mutex mu;
+    try {
+      collx::launch_threads(3, [&](auto& comm) {
+        std::vector<int> v(10, 1);
+        if (comm.rank() == 2) {
+          std::this_thread::sleep_for(700ms);
+          return;
+        }
+        auto w = collx::async::all_reduce(comm, std::span{v}, collx::ops::sum{}, collx::algo::ring{});
+        try {
+          w.wait();
+        } catch (const collx::error& e) {
+          std::lock_guard lk(mu);
+          if (msg.empty() || e.code() == collx::errc::timeout) msg = std::to_string(int(e.code().value())) + " " + e.what();
+          throw;
+        }
+      }, o);
+    } catch (const collx::error&) {
+    }
+    CAPTURE(msg);
+    CHECK(msg.find("all_reduce #1 (ring)") != std::string::npos);
+    CHECK(msg.find("timed out after 0.3 s waiting for rank") != std::string::npos);
+  }
+  SECTION("mismatch: ranks that issue different calls") {
+    std::vector<std::string> got(2);
+    try {
+      collx::launch_threads(2, [&](auto& comm) {
+        std::vector<int> v(comm.rank() == 0 ? 10 : 11, 1);
+        auto w = collx::async::all_reduce(comm, std::span{v}, collx::ops::sum{});
+        try {
+          w.wait();
+        } catch (const collx::error& e) {
+          if (e.code() == collx::errc::mismatch) got[std::size_t(comm.rank())] = e.what();
+          throw;
+        }
+      }, o);
+    } catch (const collx::error&) {
+    }
+    CAPTURE(got[0], got[1]);
+    CHECK((got[0].find("made different calls") != std::string::npos || got[1].find("made different calls") != std::string::npos));
+  }
+  SECTION("a SIGKILLed peer, over shm and tcp: peer_lost naming it") {
+    // Each surviving rank writes what its wait() threw to a file of its own.
+    const std::string base = "/tmp/collx-test-async-" + std::to_string(getpid()) + "-";
+    auto body = [&](auto& comm) {
+      std::vector<int> v(1000, 1);
+      collx::all_reduce(comm, std::span{v}, collx::ops::sum{});  // everyone is up
+      if (comm.rank() == 1) raise(SIGKILL);
+      auto w = collx::async::all_reduce(comm, std::span{v}, collx::ops::sum{}, collx::algo::ring{});
+      std::string out = "no error";
+      try {
+        w.wait();
+      } catch (const collx::error& e) {
+        out = std::to_string(e.code().value()) + " " + e.what();
+      }
+      std::FILE* f = std::fopen((base + std::to_string(comm.rank())).c_str(), "w");
+      if (f) {
+        std::fputs(out.c_str(), f);
+        std::fclose(f);
+      }
+    };
+    for (int t = 0; t < 2; ++t) {
+      collx::options lo;
+      lo.timeout = 20s;  // peer loss must be seen long before
+      try {
+        if (t == 0) collx::launch_processes(3, body, lo);
+        else collx::launch_processes(3, body, lo, collx::transport::tcp_config{});
+      } catch (const std::exception&) {  // rank 1's death
+      }
+      for (int r : {0, 2}) {
+        std::string got;
+        if (std::FILE* f = std::fopen((base + std::to_string(r)).c_str(), "r")) {
+          char b[4096];
+          got.assign(b, std::fread(b, 1, sizeof b, f));
+          std::fclose(f);
+        }
+        std::remove((base + std::to_string(r)).c_str());
+        CAPTURE(t, r, got);
+        CHECK(got.rfind(std::to_string(int(collx::errc::peer_lost)) + " ", 0) == 0);
+        CHECK(got.find("rank 1") != std::string::npos);
+      }
+    }
+  }
+}
+
+TEST_CASE("a fused batch gives exactly what the separate calls give", "[fuse]") {
+  for (int n : {1, 2, 3, 5, 7}) {
+    CAPTURE(n);
+    auto body = [n](auto& comm, auto note) {
+      const int r = comm.rank();
+      const std::size_t counts[] = {0, 1, std::size_t(n > 1 ? n - 1 : 3), std::size_t(n + 1), 1009, 64, 3};
+      std::vector<std::vector<int>> sums, maxes, sep_sums, sep_maxes;
+      for (std::size_t c : counts) {
+        sums.push_back(inputs<int, collx::ops::sum>(r, c));
+        maxes.push_back(inputs<int, collx::ops::max>(r, c + 2));
+      }
+      sep_sums = sums;
+      sep_maxes = maxes;
+      std::vector<float> fb(17, float(r)), sep_fb = fb;
+      // Ring neighbours, both ways at once: separate synchronous sends would wait in turn.
+      const int next = (r + 1) % n, prev = (r + n - 1) % n;
+      std::vector<int> to_next(33, r * 10 + 1), to_prev(21, r * 10 + 2), from_prev(33), from_next(21);
+      collx::fused f(comm);
+      for (std::size_t i = 0; i < sums.size(); ++i) {
+        f.all_reduce(std::span{sums[i]}, collx::ops::sum{});
+        f.all_reduce(std::span{maxes[i]}, collx::ops::max{});
+      }
+      f.broadcast(std::span{fb}, n - 1);
+      if (n > 1) f.send(std::span{to_next}, next).send(std::span{to_prev}, prev).recv(std::span{from_prev}, prev).recv(std::span{from_next}, next);
+      f.run();
+      for (std::size_t i = 0; i < sums.size(); ++i) {
+        collx::all_reduce(comm, std::span{sep_sums[i]}, collx::ops::sum{});
+        collx::all_reduce(comm, std::span{sep_maxes[i]}, collx::ops::max{});
+        if (sums[i] != sep_sums[i]) note("sum " + std::to_string(i) + " differs from the separate call");
+        if (maxes[i] != sep_maxes[i]) note("max " + std::to_string(i) + " differs from the separate call");
+        note(compare(sums[i], reference<int>(collx::ops::sum{}, n, counts[i])));
+      }
+      collx::broadcast(comm, std::span{sep_fb}, n - 1);
+      if (fb != sep_fb) note("broadcast differs");
+      if (n > 1) {
+        if (from_prev != std::vector<int>(33, prev * 10 + 1)) note("fused recv from prev wrong");
+        if (from_next != std::vector<int>(21, next * 10 + 2)) note("fused recv from next wrong");
+      }
+      // The packs really are one call each: two all_reduce packs and a broadcast, then p2p
+      // (no sequence number), take 3 collective sequence numbers.
+      const auto before = comm.calls();
+      collx::fused g(comm);
+      for (auto& s : sums) g.all_reduce(std::span{s}, collx::ops::sum{});
+      g.launch().wait();
+      if (comm.calls() - before != 1 && n > 1) note("a pack of all-reduces took " + std::to_string(comm.calls() - before) + " calls");
+    };
+    CHECK(run_checked<threads>(n, body) == "");
+    CHECK(run_checked<processes>(n, body) == "");
+    if (n <= 5) CHECK(run_checked<processes_tcp>(n, body) == "");
+  }
+}
+
+TEST_CASE("gradient buckets: reverse order, caps, and results equal a plain all_reduce of each gradient", "[buckets]") {
+  // Uneven layers, as a model has them (in elements of 4 B): the caps below split them in
+  // several buckets, one gradient is larger than a bucket.
+  const std::vector<std::size_t> sizes{3, 70000, 1, 5000, 123457, 0, 260000, 17, 4096, 65536, 9};
+  collx::bucket_options o;
+  o.cap_bytes = 256 << 10;
+  o.first_cap_bytes = 64 << 10;
+  auto body = [&](auto& comm, auto note) {
+    const int r = comm.rank(), n = comm.size();
+    std::vector<std::vector<int>> grads(sizes.size());
+    std::vector<std::span<int>> views;
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      grads[k].resize(sizes[k]);
+      views.emplace_back(grads[k]);
+    }
+    collx::bucket_reducer<typename std::decay_t<decltype(comm)>::transport_type, int, collx::ops::sum> red(comm, views, o);
+    // The assignment: reverse order of creation, every bucket within its cap unless it holds one gradient.
+    const auto a = red.assignment();
+    std::size_t expect_next = sizes.size();
+    for (std::size_t b = 0; b < a.size(); ++b) {
+      std::size_t bytes = 0, nonempty = 0;
+      for (std::size_t k : a[b]) {
+        if (k + 1 != expect_next) note("bucket " + std::to_string(b) + " is not in reverse order");
+        expect_next = k;
+        bytes += sizes[k] * 4;
+        nonempty += sizes[k] != 0;
+      }
+      const std::size_t cap = b == 0 ? o.first_cap_bytes : o.cap_bytes;
+      if (bytes > cap && nonempty > 1) note("bucket " + std::to_string(b) + " holds " + std::to_string(bytes) + " B, over its cap");
+      if (b + 1 < a.size()) {  // it closed because the next gradient did not fit
+        const std::size_t next = a[b + 1].front();
+        if (bytes + sizes[next] * 4 <= cap) note("bucket " + std::to_string(b) + " closed early");
+      }
+    }
+    if (a.size() < 4) note("expected several buckets, got " + std::to_string(a.size()));
+    std::mt19937 rng(unsigned(12345));  // the same on every rank: orders differ by step, not by rank
+    for (int step = 0; step < 3; ++step) {
+      for (std::size_t k = 0; k < sizes.size(); ++k)
+        for (std::size_t i = 0; i < sizes[k]; ++i) grads[k][i] = int((i * 31 + k * 7 + std::size_t(r) * 13 + std::size_t(step)) % 1000);
+      auto plain = grads;
+      std::vector<std::size_t> order(sizes.size());
+      std::iota(order.begin(), order.end(), 0);
+      if (step == 0) std::reverse(order.begin(), order.end());  // as backward produces them
+      else std::shuffle(order.begin(), order.end(), rng);        // any order: buckets still start in order
+      // Each rank marks them in its own order too (ranks' backward passes race).
+      if (r % 2 == 1) std::reverse(order.begin(), order.end());
+      for (std::size_t k : order) red.ready(k);
+      red.finish();
+      for (auto& g : plain) collx::all_reduce(comm, std::span{g}, collx::ops::sum{});
+      for (std::size_t k = 0; k < sizes.size(); ++k)
+        if (grads[k] != plain[k]) {
+          note("step " + std::to_string(step) + " gradient " + std::to_string(k) + " differs from its plain all_reduce");
+          break;
+        }
+    }
+    (void)n;
+    // finish() before every gradient is ready is an error that names them.
+    red.ready(0);
+    try {
+      red.finish();
+      note("finish() with gradients missing did not fail");
+    } catch (const collx::error& e) {
+      if (std::string(e.what()).find("gradient(s) 1, 2") == std::string::npos) note(std::string("wrong message: ") + e.what());
+    }
+  };
+  for (int n : {1, 2, 3, 5}) {
+    CAPTURE(n);
+    CHECK(run_checked<threads>(n, body) == "");
+    CHECK(run_checked<processes>(n, body) == "");
+  }
+  CHECK(run_checked<processes_tcp>(3, body) == "");
+}
+
+TEST_CASE("buckets with the default avg over floats: the mean of every rank's gradient", "[buckets]") {
+  CHECK(run_checked<processes>(4, [](auto& comm, auto note) {
+          std::vector<std::vector<float>> g{std::vector<float>(300000), std::vector<float>(5), std::vector<float>(1 << 19)};
+          std::vector<std::span<float>> v(g.begin(), g.end());
+          collx::bucket_reducer<typename std::decay_t<decltype(comm)>::transport_type, float> red(comm, v);
+          for (auto& x : g) std::fill(x.begin(), x.end(), float(comm.rank() * 2));
+          for (std::size_t k = g.size(); k-- > 0;) red.ready(k);
+          red.finish();
+          for (auto& x : g)
+            for (float y : x)
+              if (y != 3.0f) {
+                note("avg wrong: " + std::to_string(y));
+                return;
+              }
+          if (red.buckets() != 2) note("25 MiB caps with a 1 MiB first: expected 2 buckets, got " + std::to_string(red.buckets()));
+        }) == "");
+}
