@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -73,7 +74,28 @@ double time_us(comm_t& comm, int iters, F&& f) {
 }
 volatile float g_sink;
 
+/// Compute that leaves the core free, as a kernel on an accelerator does: the host waits for a
+/// device clock that runs each piece of work after the last. Waits shorter than a sleep's
+/// granularity (~60 us here) are carried to the next, so the device time is exact in total.
+struct device {
+  clk::time_point busy_until = clk::now();
+  void run(std::chrono::nanoseconds d) {
+    const auto now = clk::now();
+    busy_until = std::max(busy_until, now) + d;
+  }
+  void sync() {  // wait for the work so far
+    if (busy_until - clk::now() > std::chrono::microseconds(80)) std::this_thread::sleep_until(busy_until);
+    while (clk::now() < busy_until) {
+    }
+  }
+  void sync_loosely() {  // the same, unless what is left is too short to sleep for
+    if (busy_until - clk::now() > std::chrono::microseconds(80)) std::this_thread::sleep_until(busy_until);
+  }
+};
+
 void launch(int n, const std::function<void(comm_t&)>& body) { collx::launch_processes(n, body); }
+
+bool g_cpu_compute = false;  // buckets: backward's compute on the rank's core
 
 int overhead(int n) {
   launch(n, [](comm_t& comm) {
@@ -131,11 +153,19 @@ int fusion(int n) {
 int overlap(int n, int units) {
   std::vector<std::size_t> sizes;
   for (std::size_t s = 64 << 10; s <= (std::size_t(64) << 20); s *= 4) sizes.push_back(s);
+  // Two kinds of compute of the same length: arithmetic on the rank's core, and a device kernel
+  // (the core free meanwhile).
+  const double unit_us = [&] {
+    const auto t0 = clk::now();
+    g_sink = compute(units);
+    return std::chrono::duration<double, std::micro>(clk::now() - t0).count();
+  }();
+  const auto kernel = std::chrono::nanoseconds(std::int64_t(unit_us * 1000));
   launch(n, [&](comm_t& comm) {
     for (std::size_t k = 0; k < sizes.size(); ++k) {
       std::vector<float> v(sizes[k] / sizeof(float), 1.0f);
       const int iters = sizes[k] >= (std::size_t(16) << 20) ? 3 : 10;
-      std::vector<double> c, a, both;
+      std::vector<double> c, a, both, dc, dboth;
       for (int rep = 0; rep < 7; ++rep) {
         c.push_back(time_us(comm, iters, [&] { g_sink = compute(units); }));
         a.push_back(time_us(comm, iters, [&] { collx::all_reduce(comm, std::span{v}, collx::ops::sum{}); }));
@@ -144,40 +174,54 @@ int overlap(int n, int units) {
           g_sink = compute(units);
           w.wait();
         }));
+        dc.push_back(time_us(comm, iters, [&] {
+          device d;
+          d.run(kernel);
+          d.sync();
+        }));
+        dboth.push_back(time_us(comm, iters, [&] {
+          auto w = collx::async::all_reduce(comm, std::span{v}, collx::ops::sum{});
+          device d;
+          d.run(kernel);
+          d.sync();
+          w.wait();
+        }));
       }
       if (comm.rank() == 0) {
-        out().v[3 * k] = median(c);
-        out().v[3 * k + 1] = median(a);
-        out().v[3 * k + 2] = median(both);
+        double* o = out().v + 5 * k;
+        o[0] = median(c);
+        o[1] = median(a);
+        o[2] = median(both);
+        o[3] = median(dc);
+        o[4] = median(dboth);
       }
     }
   });
-  std::printf("# collx-train-bench overlap -np %d: a compute kernel of %d units while an all_reduce (float sum) over shm is\n"
-              "# outstanding; median of 7; ratio = t(compute || all_reduce) / (t(compute) + t(all_reduce))\n", n, units);
-  std::printf("%12s %12s %12s %14s %12s %8s\n", "bytes", "compute_us", "allred_us", "sum_us", "overlap_us", "ratio");
+  std::printf("# collx-train-bench overlap -np %d: a fixed compute kernel (%.0f us) while an all_reduce (float sum) over shm is\n"
+              "# outstanding; median of 7 batches; ratio = t(compute || all_reduce) / (t(compute) + t(all_reduce)).\n"
+              "# cpu: arithmetic on the rank's core; device: the same time on a simulated accelerator (the core free)\n",
+              n, unit_us);
+  std::printf("%10s %10s %10s %12s %9s %10s %12s %9s\n", "bytes", "allred_us", "cpu_us", "cpu||ar_us", "cpu_ratio", "device_us",
+              "device||ar", "dev_ratio");
   for (std::size_t k = 0; k < sizes.size(); ++k) {
-    const double c = out().v[3 * k], a = out().v[3 * k + 1], b = out().v[3 * k + 2];
-    std::printf("%12zu %12.1f %12.1f %14.1f %12.1f %8.2f\n", sizes[k], c, a, c + a, b, b / (c + a));
+    const double* o = out().v + 5 * k;
+    std::printf("%10zu %10.1f %10.1f %12.1f %9.2f %10.1f %12.1f %9.2f\n", sizes[k], o[1], o[0], o[2], o[2] / (o[0] + o[1]), o[3], o[4],
+                o[4] / (o[3] + o[1]));
   }
   return 0;
 }
 
-/// A model of ~100 MiB of float gradients in uneven layers (in forward order): blocks of an
-/// embedding, attention and MLP weights with their biases and norms, as a transformer has them.
+/// A model of ~100 MiB of float gradients in uneven layers (in forward order), as a transformer
+/// has them: an embedding, then blocks of two norms (weight and bias each), the attention's qkv
+/// and output projections and the MLP's two, each with its bias: 12 tensors a block, 8 of them
+/// small.
 std::vector<std::size_t> model_layers() {
-  std::vector<std::size_t> l;
-  l.push_back(std::size_t(4) << 20);  // embedding: 16 MiB
-  for (int b = 0; b < 6; ++b) {
-    l.push_back(1024);                   // norm
-    l.push_back(3 * 512 * 1024);         // qkv: 6 MiB
-    l.push_back(3 * 1024);               // its bias
-    l.push_back(512 * 1024);             // attention out: 2 MiB
-    l.push_back(1024);                   // norm
-    l.push_back(1024 * 1024 + 512 * 1024);  // mlp up: 6 MiB
-    l.push_back(4096);                   // bias
-    l.push_back(512 * 1024 + 256 * 1024);   // mlp down: 3 MiB
-  }
-  l.push_back(1024);
+  constexpr std::size_t h = 512;
+  std::vector<std::size_t> l{std::size_t(2) << 20};  // embedding: 8 MiB
+  for (int b = 0; b < 7; ++b)
+    for (std::size_t x : {h, h, 3 * h * h, 3 * h, h * h, h, h, h, 4 * h * h, 4 * h, 4 * h * h, h}) l.push_back(x);
+  l.push_back(h);
+  l.push_back(h);  // the final norm
   return l;
 }
 
@@ -187,7 +231,8 @@ int buckets(int n, double ns_per_elem, const std::string& plot) {
   for (auto x : layers) total += x;
   std::vector<std::size_t> caps;
   for (std::size_t c = 64 << 10; c <= (std::size_t(256) << 20); c *= 2) caps.push_back(c);
-  // Compute per layer, in kernel units: proportional to the layer's size.
+  // Compute per layer proportional to its size, on a simulated accelerator (the core free, as
+  // when backward runs on a GPU); --cpu-compute runs it on the rank's core instead.
   const double unit_ns = [] {
     const auto t0 = clk::now();
     g_sink = compute(2000);
@@ -200,31 +245,55 @@ int buckets(int n, double ns_per_elem, const std::string& plot) {
       grads[k].assign(layers[k], 1.0f);
       views.emplace_back(grads[k]);
     }
-    auto layer_compute = [&](std::size_t k) { g_sink = compute(int(double(layers[k]) * ns_per_elem / unit_ns)); };
+    device dev;
+    auto layer_compute = [&](std::size_t k) {
+      if (g_cpu_compute) {
+        g_sink = compute(int(double(layers[k]) * ns_per_elem / unit_ns));
+      } else {
+        dev.run(std::chrono::nanoseconds(std::int64_t(double(layers[k]) * ns_per_elem)));
+        dev.sync_loosely();  // the gradient is there (to within a sleep's granularity)
+      }
+    };
+    auto backward_done = [&] {
+      if (!g_cpu_compute) dev.sync();
+    };
     for (std::size_t ci = 0; ci < caps.size(); ++ci) {
       collx::bucket_options o;
       o.cap_bytes = caps[ci];
       o.first_cap_bytes = std::min<std::size_t>(caps[ci], std::size_t(1) << 20);
       collx::bucket_reducer<collx::transport::shm, float> red(comm, views, o);
-      std::vector<double> with, without;
+      collx::bucket_reducer<collx::transport::shm, float> viewed(comm, views, o);
+      viewed.rebind_to_views();  // DDP's gradient_as_bucket_view: backward writes into the buckets
+      std::vector<double> with, without, as_views;
       for (int rep = 0; rep < 5; ++rep) {
+        as_views.push_back(time_us(comm, 1, [&] {
+          for (std::size_t k = layers.size(); k-- > 0;) {
+            layer_compute(k);
+            viewed.ready(k);
+          }
+          backward_done();
+          viewed.finish();
+        }));
         with.push_back(time_us(comm, 1, [&] {  // overlap: each bucket starts as soon as it is complete
           for (std::size_t k = layers.size(); k-- > 0;) {
             layer_compute(k);
             red.ready(k);
           }
+          backward_done();
           red.finish();
         }));
         without.push_back(time_us(comm, 1, [&] {  // the same buckets, reduced after backward
           for (std::size_t k = layers.size(); k-- > 0;) layer_compute(k);
+          backward_done();
           for (std::size_t k = layers.size(); k-- > 0;) red.ready(k);
           red.finish();
         }));
       }
       if (comm.rank() == 0) {
-        out().v[3 * ci] = median(with) / 1000;
-        out().v[3 * ci + 1] = median(without) / 1000;
-        out().v[3 * ci + 2] = double(red.buckets());
+        out().v[4 * ci] = median(with) / 1000;
+        out().v[4 * ci + 1] = median(without) / 1000;
+        out().v[4 * ci + 2] = double(red.buckets());
+        out().v[4 * ci + 3] = median(as_views) / 1000;
       }
     }
     // Backward alone, and one all_reduce of every gradient at once, for reference.
@@ -233,6 +302,7 @@ int buckets(int n, double ns_per_elem, const std::string& plot) {
     for (int rep = 0; rep < 5; ++rep) {
       bw.push_back(time_us(comm, 1, [&] {
         for (std::size_t k = layers.size(); k-- > 0;) layer_compute(k);
+        backward_done();
       }));
       ar.push_back(time_us(comm, 1, [&] { collx::all_reduce(comm, std::span{flat}, collx::ops::avg{}); }));
     }
@@ -243,30 +313,34 @@ int buckets(int n, double ns_per_elem, const std::string& plot) {
   });
   std::size_t best = 0;
   for (std::size_t ci = 1; ci < caps.size(); ++ci)
-    if (out().v[3 * ci] < out().v[3 * best]) best = ci;
+    if (out().v[4 * ci] < out().v[4 * best]) best = ci;
   std::printf("# collx-train-bench buckets -np %d: a backward pass over %.1f MiB of float gradients in %zu layers (compute\n"
-              "# %.2f ns per element), the buckets' all_reduce (avg) over shm; median of 5 steps, ms\n"
+              "# %.2f ns per element, %s), the buckets' all_reduce (avg) over shm; median of 5 steps, ms\n"
               "# backward alone: %.1f ms; one all_reduce of every gradient: %.1f ms\n",
-              n, double(total) * 4 / (1 << 20), layers.size(), ns_per_elem, out().v[4000], out().v[4001]);
-  std::printf("%12s %8s %14s %16s\n", "cap_bytes", "buckets", "overlap_ms", "after_backward_ms");
+              n, double(total) * 4 / (1 << 20), layers.size(), ns_per_elem,
+              g_cpu_compute ? "on the rank's core" : "on a simulated accelerator: the core free", out().v[4000], out().v[4001]);
+  std::printf("# overlap: each bucket's all_reduce starts when it is complete; after_backward: the same buckets once\n"
+              "# backward is done; views: overlap, backward writing into the buckets (no copies)\n");
+  std::printf("%12s %8s %12s %18s %10s\n", "cap_bytes", "buckets", "overlap_ms", "after_backward_ms", "views_ms");
   for (std::size_t ci = 0; ci < caps.size(); ++ci)
-    std::printf("%12zu %8.0f %14.1f %16.1f%s\n", caps[ci], out().v[3 * ci + 2], out().v[3 * ci], out().v[3 * ci + 1],
-                ci == best ? "   <- best" : "");
+    std::printf("%12zu %8.0f %12.1f %18.1f %10.1f%s\n", caps[ci], out().v[4 * ci + 2], out().v[4 * ci], out().v[4 * ci + 1],
+                out().v[4 * ci + 3], ci == best ? "   <- best (overlap)" : "");
   if (!plot.empty()) {
     const std::string dat = plot + ".dat";
     if (std::FILE* f = std::fopen(dat.c_str(), "w")) {
       for (std::size_t ci = 0; ci < caps.size(); ++ci)
-        std::fprintf(f, "%zu %f %f\n", caps[ci], out().v[3 * ci], out().v[3 * ci + 1]);
+        std::fprintf(f, "%zu %f %f %f\n", caps[ci], out().v[4 * ci], out().v[4 * ci + 1], out().v[4 * ci + 3]);
       std::fclose(f);
     }
     const std::string gp = "set terminal pngcairo size 900,540\nset output '" + plot +
-                           "'\nset logscale x 2\nset xlabel 'bucket cap (bytes)'\nset ylabel 'step time (ms)'\n"
+                           "'\nset logscale x 2\nset format x '%.0b %BB'\nset xlabel 'bucket cap'\nset ylabel 'step time (ms)'\n"
                            "set title 'DDP buckets: " + std::to_string(n) + " ranks over shm, " +
                            std::to_string(int(double(total) * 4 / (1 << 20))) + " MiB of gradients'\nset key top left\n"
                            "set label 'best: " + std::to_string(caps[best] >> 10) + " KiB' at " + std::to_string(caps[best]) + "," +
-                           std::to_string(out().v[3 * best]) + " point pt 7 ps 2 offset 1,-1\n"
+                           std::to_string(out().v[4 * best]) + " point pt 7 ps 2 offset 1,-1\n"
                            "plot '" + dat + "' using 1:2 with linespoints title 'overlapped with backward', '" + dat +
-                           "' using 1:3 with linespoints title 'after backward'\n";
+                           "' using 1:3 with linespoints title 'after backward', '" + dat +
+                           "' using 1:4 with linespoints title 'overlapped, gradients as bucket views (no copies)'\n";
     if (std::FILE* g = popen("gnuplot", "w")) {
       std::fputs(gp.c_str(), g);
       if (pclose(g) != 0) std::fprintf(stderr, "collx-train-bench: gnuplot failed\n");
@@ -281,15 +355,25 @@ int buckets(int n, double ns_per_elem, const std::string& plot) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: collx-train-bench overhead|fusion|overlap|buckets [-np N] [--units U] [--ns-per-elem X] [--plot F.png]\n");
+    std::fprintf(stderr, "usage: collx-train-bench overhead|fusion|overlap|buckets [-np N] [--units U] [--ns-per-elem X] [--cpu-compute] [--plot F.png]\n");
     return 2;
   }
   const std::string mode = argv[1];
+  out();  // mapped before the ranks are forked, so they share it
   int n = 2, units = 5000;
-  double ns = 0.5;
+  double ns = 1.0;
   std::string plot;
-  for (int i = 2; i + 1 < argc; i += 2) {
+  for (int i = 2; i < argc; i += 2) {
     const std::string a = argv[i];
+    if (a == "--cpu-compute") {
+      g_cpu_compute = true;
+      --i;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "collx-train-bench: %s needs a value\n", a.c_str());
+      return 2;
+    }
     if (a == "-np") n = std::atoi(argv[i + 1]);
     else if (a == "--units") units = std::atoi(argv[i + 1]);
     else if (a == "--ns-per-elem") ns = std::atof(argv[i + 1]);

@@ -418,7 +418,7 @@ TEST_CASE("buckets with the default avg over floats: the mean of every rank's gr
   CHECK(run_checked<processes>(4, [](auto& comm, auto note) {
           std::vector<std::vector<float>> g{std::vector<float>(300000), std::vector<float>(5), std::vector<float>(1 << 19)};
           std::vector<std::span<float>> v(g.begin(), g.end());
-          collx::bucket_reducer<typename std::decay_t<decltype(comm)>::transport_type, float> red(comm, v);
+          collx::bucket_reducer red(comm, v);  // deduced: avg over float
           for (auto& x : g) std::fill(x.begin(), x.end(), float(comm.rank() * 2));
           for (std::size_t k = g.size(); k-- > 0;) red.ready(k);
           red.finish();
@@ -429,5 +429,20 @@ TEST_CASE("buckets with the default avg over floats: the mean of every rank's gr
                 return;
               }
           if (red.buckets() != 2) note("25 MiB caps with a 1 MiB first: expected 2 buckets, got " + std::to_string(red.buckets()));
+          // Gradients as views of the buckets (DDP's gradient_as_bucket_view): no copies, same result.
+          red.rebind_to_views();
+          for (std::size_t k = 0; k < g.size(); ++k) {
+            auto view = red.gradient(k);
+            if (view.data() != red.bucket_view(k).data() || view.size() != g[k].size()) note("rebind_to_views: wrong span");
+            std::fill(view.begin(), view.end(), float(comm.rank() + 1));
+          }
+          for (std::size_t k = g.size(); k-- > 0;) red.ready(k);
+          red.finish();
+          for (std::size_t k = 0; k < g.size(); ++k)
+            for (float y : red.gradient(k))
+              if (y != 2.5f) {
+                note("views: avg wrong: " + std::to_string(y));
+                return;
+              }
         }) == "");
 }

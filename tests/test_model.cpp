@@ -146,18 +146,18 @@ TEST_CASE("the textbook costs come out of the model's walk", "[model][cost]") {
     const std::uint64_t D = count * 4;
     // Ring all-reduce: 2(N-1) steps; every rank sends 2(N-1)/N·D, reduces (N-1)/N·D; the
     // critical path moves 2(N-1)/N·D.
-    const model::cost ring = model::analyse(model::choice::ring,
+    const model::cost ring = model::analyse(collx::algo::choice_of<collx::algo::ring>,
                                             {collective::all_reduce, n, count});
     CHECK(ring.steps == 2 * (n - 1));
     CHECK(ring.bytes * std::uint64_t(n) == 2 * std::uint64_t(n - 1) * D);
     CHECK(ring.reduced * std::uint64_t(n) == std::uint64_t(n - 1) * D);
     for (const traffic& x : ring.ranks) CHECK(x.bytes_sent * std::uint64_t(n) == 2 * std::uint64_t(n - 1) * D);
     // Ring all-gather / reduce-scatter: N-1 steps, (N-1)/N·D.
-    const model::cost ag = model::analyse(model::choice::ring, {collective::all_gather, n, count / std::size_t(n)});
+    const model::cost ag = model::analyse(collx::algo::choice_of<collx::algo::ring>, {collective::all_gather, n, count / std::size_t(n)});
     CHECK(ag.steps == n - 1);
     CHECK(ag.bytes * std::uint64_t(n) == std::uint64_t(n - 1) * D);
     // Recursive halving all-reduce: 2·log2 N steps and 2(N-1)/N·D for powers of two.
-    const model::cost rh = model::analyse(model::choice::recursive_halving, {collective::all_reduce, n, count});
+    const model::cost rh = model::analyse(collx::algo::choice_of<collx::algo::recursive_halving>, {collective::all_reduce, n, count});
     if (pow2) {
       CHECK(rh.steps == 2 * lg);
       CHECK(rh.bytes * std::uint64_t(n) == 2 * std::uint64_t(n - 1) * D);
@@ -166,26 +166,26 @@ TEST_CASE("the textbook costs come out of the model's walk", "[model][cost]") {
       CHECK(rh.steps == 2 * (algo::ceil_log2(algo::floor_pow2(n)) + 2));
     }
     // Recursive doubling: log2 N steps of the whole vector (powers of two).
-    const model::cost rd = model::analyse(model::choice::recursive_doubling, {collective::all_reduce, n, count});
+    const model::cost rd = model::analyse(collx::algo::choice_of<collx::algo::recursive_doubling>, {collective::all_reduce, n, count});
     if (pow2) {
       CHECK(rd.steps == lg);
       CHECK(rd.bytes == std::uint64_t(lg) * D);
     }
     // The double binary tree, one chunk: up and down the tree, 2·ceil(log2 N) steps.
-    const model::cost tr = model::analyse(model::choice::tree, {collective::all_reduce, n, 16});
+    const model::cost tr = model::analyse(collx::algo::choice_of<collx::algo::tree>, {collective::all_reduce, n, 16});
     CHECK(tr.steps == 2 * lg);
     // Binomial broadcast: ceil(log2 N) steps; the root sends D in each.
-    const model::cost bc = model::analyse(model::choice::tree, {collective::broadcast, n, count, 4, 0});
+    const model::cost bc = model::analyse(collx::algo::choice_of<collx::algo::tree>, {collective::broadcast, n, count, 4, 0});
     CHECK(bc.steps == lg);
     CHECK(bc.ranks[0].bytes_sent == std::uint64_t(lg) * D);
     CHECK(bc.bytes == std::uint64_t(lg) * D);
     // Pairwise all-to-all with blocks above the one-step limit: N-1 steps, (N-1)/N·D.
     const std::size_t blk = algo::tuning::a2a_one_step_bytes / 4 + 1;
-    const model::cost a2a = model::analyse(model::choice::pairwise, {collective::all_to_all, n, blk});
+    const model::cost a2a = model::analyse(collx::algo::choice_of<collx::algo::pairwise>, {collective::all_to_all, n, blk});
     CHECK(a2a.steps == n - 1);
     CHECK(a2a.bytes == std::uint64_t(n - 1) * blk * 4);
     // Pairwise all-gather with small blocks: one step, each rank sends (N-1)/N·D.
-    const model::cost pag = model::analyse(model::choice::pairwise, {collective::all_gather, n, count / std::size_t(n)});
+    const model::cost pag = model::analyse(collx::algo::choice_of<collx::algo::pairwise>, {collective::all_gather, n, count / std::size_t(n)});
     CHECK(pag.steps == 1);
     for (const traffic& x : pag.ranks) CHECK(x.bytes_sent * std::uint64_t(n) == std::uint64_t(n - 1) * D);
   }
@@ -194,20 +194,20 @@ TEST_CASE("the textbook costs come out of the model's walk", "[model][cost]") {
 TEST_CASE("the model's choice follows from α, β, γ", "[model]") {
   model::params p{1e-6, 1e-10, 5e-11, "test"};
   // Latency-bound: the fewest steps win (recursive doubling: log2 N; the ring: 2(N-1)).
-  CHECK(model::best({collective::all_reduce, 8, 2}, p) == model::choice::recursive_doubling);
+  CHECK(model::best({collective::all_reduce, 8, 2}, p) == collx::algo::choice_of<collx::algo::recursive_doubling>);
   // Bandwidth-bound: the bandwidth-optimal policies (2(N-1)/N·D) beat doubling (log2 N·D) and
   // the tree. For N a power of two recursive halving moves the ring's bytes in 2·log2 N steps
   // instead of 2(N-1), so it wins; otherwise its folding moves up to D more, and the ring wins.
   CHECK(model::best(model::problem::of_bytes(collective::all_reduce, 8, std::size_t(256) << 20), p) ==
-        model::choice::recursive_halving);
+        collx::algo::choice_of<collx::algo::recursive_halving>);
   CHECK(model::best(model::problem::of_bytes(collective::all_reduce, 6, std::size_t(256) << 20), p) ==
-        model::choice::ring);
+        collx::algo::choice_of<collx::algo::ring>);
   // With free steps, a bandwidth-optimal policy wins at every size above a few elements: at
   // N = 6 the ring; at N = 8 the ring and recursive halving tie, and the tie goes to fewer steps
   // (recursive halving's 2·log2 N). With free bytes, the fewest steps win at every size.
-  CHECK(model::best(model::problem::of_bytes(collective::all_reduce, 6, 4096), {0, 1e-10, 0, ""}) == model::choice::ring);
+  CHECK(model::best(model::problem::of_bytes(collective::all_reduce, 6, 4096), {0, 1e-10, 0, ""}) == collx::algo::choice_of<collx::algo::ring>);
   CHECK(model::best(model::problem::of_bytes(collective::all_reduce, 8, 4096), {0, 1e-10, 0, ""}) ==
-        model::choice::recursive_halving);
+        collx::algo::choice_of<collx::algo::recursive_halving>);
   // A small broadcast over ranks sharing cores: the chain and the binomial tree are predicted
   // alike (1.5 full steps each), and the tree's fewer steps win.
   {
@@ -218,24 +218,24 @@ TEST_CASE("the model's choice follows from α, β, γ", "[model]") {
     const auto v = model::evaluate(bc, q);
     REQUIRE(v.size() >= 2);
     CHECK(std::abs(v[0].seconds - v[1].seconds) <= 1e-6 * v[0].seconds);
-    CHECK(model::best(bc, q) == model::choice::tree);
+    CHECK(model::best(bc, q) == collx::algo::choice_of<collx::algo::tree>);
   }
   CHECK(model::best(model::problem::of_bytes(collective::all_reduce, 8, std::size_t(64) << 20), {1e-6, 0, 0, ""}) ==
-        model::choice::recursive_doubling);
+        collx::algo::choice_of<collx::algo::recursive_doubling>);
   // A non-commutative op never gets the ring.
   CHECK(model::best(model::problem::of_bytes(collective::all_reduce, 8, std::size_t(256) << 20, 4, 0, false), p) !=
-        model::choice::ring);
+        collx::algo::choice_of<collx::algo::ring>);
   // all_to_all has one policy.
-  CHECK(model::best({collective::all_to_all, 5, 1000}, p) == model::choice::pairwise);
+  CHECK(model::best({collective::all_to_all, 5, 1000}, p) == collx::algo::choice_of<collx::algo::pairwise>);
   // Ranks sharing cores: a calibration of 8 ranks on 2 cores charges a step in which all 8 are
   // busy in full and one with 2 active ranks a quarter; with ranks that fit the cores, no change.
   {
     model::params shared = p;
     shared.cores = 2;
     shared.ranks = 8;
-    const model::cost ring8 = model::analyse(model::choice::ring, {collective::all_reduce, 8, 4096});
+    const model::cost ring8 = model::analyse(collx::algo::choice_of<collx::algo::ring>, {collective::all_reduce, 8, 4096});
     CHECK(model::predict(ring8, shared) == Approx(model::predict(ring8, p)));  // every step has all 8
-    const model::cost bc = model::analyse(model::choice::tree, {collective::broadcast, 8, 4096});
+    const model::cost bc = model::analyse(collx::algo::choice_of<collx::algo::tree>, {collective::broadcast, 8, 4096});
     REQUIRE(bc.per_step.size() == 3);
     CHECK(bc.per_step[0].active == 2);  // root -> 4
     CHECK(bc.per_step[1].active == 4);
@@ -248,9 +248,9 @@ TEST_CASE("the model's choice follows from α, β, γ", "[model]") {
   // δ: a ring step sends and receives a block at once (both = bytes), a binomial broadcast step
   // only sends or only receives (both = 0); an exchange costs 1 + δ one-way messages.
   {
-    const model::cost ring4 = model::analyse(model::choice::ring, {collective::all_reduce, 4, 4096});
+    const model::cost ring4 = model::analyse(collx::algo::choice_of<collx::algo::ring>, {collective::all_reduce, 4, 4096});
     CHECK(ring4.both == ring4.bytes);
-    const model::cost bc = model::analyse(model::choice::tree, {collective::broadcast, 8, 4096});
+    const model::cost bc = model::analyse(collx::algo::choice_of<collx::algo::tree>, {collective::broadcast, 8, 4096});
     CHECK(bc.both == 0);
     model::params half = p;
     half.delta = 1;
@@ -258,7 +258,7 @@ TEST_CASE("the model's choice follows from α, β, γ", "[model]") {
     CHECK(model::predict(bc, half) == Approx(model::predict(bc, p)));
   }
   // predict() is α·steps + β·bytes + γ·reduced.
-  const model::cost c = model::analyse(model::choice::ring, {collective::all_reduce, 4, 4096});
+  const model::cost c = model::analyse(collx::algo::choice_of<collx::algo::ring>, {collective::all_reduce, 4, 4096});
   CHECK(model::predict(c, p) == Approx(1e-6 * 6 + 1e-10 * double(c.bytes) + 5e-11 * double(c.reduced)));
 }
 
@@ -342,14 +342,14 @@ TEST_CASE("calibration files: written, read back, and used only when sound", "[m
 TEST_CASE("COLLX_ALGO: parsed strictly", "[model][automatic]") {
   using collx::detail::parse_algo_override;
   auto o = parse_algo_override("ring");
-  CHECK(o.all == std::int8_t(model::choice::ring));
+  CHECK(o.all == std::int8_t(collx::algo::choice_of<collx::algo::ring>));
   o = parse_algo_override("all_reduce=tree, all_gather=ring");
   CHECK(o.all == -1);
-  CHECK(o.per[std::size_t(collective::all_reduce)] == std::int8_t(model::choice::tree));
-  CHECK(o.per[std::size_t(collective::all_gather)] == std::int8_t(model::choice::ring));
+  CHECK(o.per[std::size_t(collective::all_reduce)] == std::int8_t(collx::algo::choice_of<collx::algo::tree>));
+  CHECK(o.per[std::size_t(collective::all_gather)] == std::int8_t(collx::algo::choice_of<collx::algo::ring>));
   CHECK(o.per[std::size_t(collective::broadcast)] == -1);
   o = parse_algo_override("tree,all_reduce=automatic");
-  CHECK(o.all == std::int8_t(model::choice::tree));
+  CHECK(o.all == std::int8_t(collx::algo::choice_of<collx::algo::tree>));
   CHECK(o.per[std::size_t(collective::all_reduce)] == collx::detail::algo_override::kModel);
   CHECK(o.per[std::size_t(collective::broadcast)] == collx::detail::algo_override::kUnset);
   CHECK(parse_algo_override("").all == -1);
@@ -396,7 +396,7 @@ TEST_CASE("COLLX_ALGO overrides automatic's choice on every rank", "[model][auto
   }
   {
     const scoped_env e("COLLX_ALGO", "tree");
-    CHECK(steps_of_second_call() == std::uint64_t(model::analyse(model::choice::tree, {collective::all_reduce, n, 64}).ranks[0].steps));
+    CHECK(steps_of_second_call() == std::uint64_t(model::analyse(collx::algo::choice_of<collx::algo::tree>, {collective::all_reduce, n, 64}).ranks[0].steps));
   }
   // `all_reduce=automatic` takes the model back from a global policy: a 64-float all-reduce
   // over 8 ranks is latency-bound, so the model never picks the ring's 14 steps.
@@ -556,18 +556,18 @@ TEST_CASE("measured step times and policy fits: written, read back, and what the
     c.reduce[c.n] = 1e-6 + b * 3e-10;
     ++c.n;
   }
-  p.fit.factor[int(collective::all_reduce)][int(model::choice::tree)][p.fit.slot(1024)] = 0.5f;
-  p.fit.factor[int(collective::all_reduce)][int(model::choice::tree)][p.fit.slot(4096)] = 2.0f;
+  p.fit.factor[int(collective::all_reduce)][int(collx::algo::choice_of<collx::algo::tree>)][p.fit.slot(1024)] = 0.5f;
+  p.fit.factor[int(collective::all_reduce)][int(collx::algo::choice_of<collx::algo::tree>)][p.fit.slot(4096)] = 2.0f;
   REQUIRE(model::write_calibration(path, "shm", p, 2) == "");
   std::string why;
   const auto q = model::read_calibration(path, &why);
   REQUIRE(q);
   CHECK(q->curve.n == 3);
   CHECK(q->curve.exchange[2] == Approx(p.curve.exchange[2]));
-  CHECK(q->fit.at(collective::all_reduce, model::choice::tree, 1024) == Approx(0.5));
-  CHECK(q->fit.at(collective::all_reduce, model::choice::tree, 2048) == Approx(1.25));  // halfway in log2
-  CHECK(q->fit.at(collective::all_reduce, model::choice::tree, 1 << 20) == Approx(2.0));  // beyond: the nearest
-  CHECK(q->fit.at(collective::all_reduce, model::choice::ring, 2048) == 1.0);            // not measured
+  CHECK(q->fit.at(collective::all_reduce, collx::algo::choice_of<collx::algo::tree>, 1024) == Approx(0.5));
+  CHECK(q->fit.at(collective::all_reduce, collx::algo::choice_of<collx::algo::tree>, 2048) == Approx(1.25));  // halfway in log2
+  CHECK(q->fit.at(collective::all_reduce, collx::algo::choice_of<collx::algo::tree>, 1 << 20) == Approx(2.0));  // beyond: the nearest
+  CHECK(q->fit.at(collective::all_reduce, collx::algo::choice_of<collx::algo::ring>, 2048) == 1.0);            // not measured
   // A step is charged from the curve: a one-way 4 KiB message its one-way time, an exchange
   // its exchange time, a reducing exchange its reduce time; between sizes, linearly.
   using step = collx::algo::step_load;

@@ -125,3 +125,37 @@ TEST_CASE("chunk counts stay bounded and positive for any chunk_bytes and count"
   const collx::schedule t = algo::tree{.chunk_bytes = 4}.all_reduce({2, 5, std::size_t(1) << 22, 4, true, collx::buf::in});
   CHECK(std::size_t(t.span()) <= tuning::max_pipeline_chunks + 2 * 4);
 }
+
+TEST_CASE("a schedule's cache key holds every field of its problem and policy", "[schedules][cache]") {
+  // The key is taken field by field (detail::add_fields): each field changed alone changes it.
+  // The hand-written keys it replaced left out the partition's part count of all_gather and
+  // reduce_scatter problems.
+  auto key = [](const auto& pol, const auto& p) {
+    collx::detail::schedule_key k;
+    collx::detail::add_fields(k, pol);
+    collx::detail::add_fields(k, p);
+    return k;
+  };
+  const collx::algo::rs_problem rs{3, 8, collx::partition(100, 8), collx::buf::in, collx::buf::none, 4, true};
+  const auto base = key(collx::algo::ring{}, rs);
+  std::vector<collx::algo::rs_problem> changed(7, rs);
+  changed[0].rank = 4;
+  changed[1].size = 9;
+  changed[2].blocks = collx::partition(100, 7);  // the part count alone
+  changed[3].src = collx::buf::out;
+  changed[4].work = collx::buf::tmp;
+  changed[5].elem_size = 8;
+  changed[6].commutative = false;
+  for (std::size_t i = 0; i < changed.size(); ++i) {
+    CAPTURE(i);
+    CHECK_FALSE(key(collx::algo::ring{}, changed[i]) == base);
+  }
+  collx::algo::ring other;
+  other.chunk_bytes = 1024;
+  CHECK_FALSE(key(other, rs) == base);
+  CHECK(key(collx::algo::ring{}, rs) == base);
+  const collx::algo::ag_problem ag{1, 4, collx::partition(12, 4), false, 0, 4};
+  collx::algo::ag_problem ag2 = ag;
+  ag2.blocks = collx::partition(12, 3);
+  CHECK_FALSE(key(collx::algo::ring{}, ag) == key(collx::algo::ring{}, ag2));
+}

@@ -34,7 +34,7 @@ namespace detail {
 /// Queues f on comm: it runs after every call issued before it (detail/call_queue.hpp).
 template <class T, class F>
 work submit(communicator<T>& comm, const char* what, F&& f) {
-  return work(queue_of(comm, what).submit(std::function<void()>(std::forward<F>(f))));
+  return work(queue_of(comm, what).submit(std::forward<F>(f)));
 }
 }  // namespace detail
 

@@ -5,7 +5,7 @@
 // completes first, at most `first_cap_bytes`, 1 MiB: it starts communication early), and for
 // each training step:
 //
-//   collx::bucket_reducer<decltype(comm)::transport_type, float> r(comm, grads);  // once
+//   collx::bucket_reducer r(comm, grads);   // once; grads: std::vector<std::span<float>>
 //   ... backward: as each gradient is produced
 //   r.ready(i);       // copies gradient i into its bucket; a complete bucket starts its all_reduce
 //   r.finish();       // waits for every bucket and leaves the reduced gradients in place
@@ -13,7 +13,9 @@
 // Buckets start in bucket order, whatever order the gradients come in, so every rank issues the
 // same calls in the same order (as DDP does); a bucket that completes early waits for the ones
 // before it. A gradient larger than the cap has a bucket of its own. The reduction is avg by
-// default (the gradient of the global batch), any op and element type otherwise.
+// default (the gradient of the global batch), any op and element type otherwise. The copy back
+// into the gradients is part of each bucket's nonblocking call, so it overlaps backward as well.
+// The reducer must not move while a step is in flight (its buckets are referred to by address).
 #include <cstring>
 #include <span>
 #include <string>
@@ -63,7 +65,8 @@ class bucket_reducer {
     bucket& x = buckets_[b];
     if (marked(i)) throw error(errc::invalid_argument, "bucket_reducer: gradient " + std::to_string(i) + " marked ready twice in one step");
     mark(i);
-    if (!grads_[i].empty()) std::memcpy(x.data.data() + off, grads_[i].data(), grads_[i].size_bytes());
+    if (!grads_[i].empty() && grads_[i].data() != x.data.data() + off)  // a view of the bucket needs no copy
+      std::memcpy(x.data.data() + off, grads_[i].data(), grads_[i].size_bytes());
     --x.pending;
     while (next_ < buckets_.size() && buckets_[next_].pending == 0) launch(next_++);
   }
@@ -78,19 +81,27 @@ class bucket_reducer {
       for (auto& x : buckets_) x.w.wait();  // what did start finishes before the error
       throw error(errc::invalid_argument, "bucket_reducer: finish() before gradient(s) " + missing + " were marked ready");
     }
-    for (auto& x : buckets_) x.w.wait();
     for (auto& x : buckets_) {
-      std::size_t off = 0;
-      for (std::size_t k : x.grads) {
-        if (!grads_[k].empty()) std::memcpy(grads_[k].data(), x.data.data() + off, grads_[k].size_bytes());
-        off += grads_[k].size();
-      }
+      x.w.wait();  // the call copied the reduced gradients back too
       x.pending = x.grads.size();
       x.w = work{};
     }
     std::fill(ready_.begin(), ready_.end(), false);
     next_ = 0;
   }
+
+  /// Gradient i's place in its bucket (DDP's gradient_as_bucket_view): a backward pass that
+  /// writes gradient i there, and passes these spans as the gradients (rebind), saves both
+  /// copies.
+  std::span<E> bucket_view(std::size_t i) {
+    auto [b, off] = where_.at(i);
+    return std::span<E>(buckets_[b].data.data() + off, grads_[i].size());
+  }
+  /// Makes the buckets' own memory the gradients: after it, gradient i is bucket_view(i).
+  void rebind_to_views() {
+    for (std::size_t i = 0; i < grads_.size(); ++i) grads_[i] = bucket_view(i);
+  }
+  std::span<E> gradient(std::size_t i) const { return grads_.at(i); }
 
   /// The gradients of each bucket, in the order they fill it (for docs and tests).
   std::vector<std::vector<std::size_t>> assignment() const {
@@ -113,7 +124,21 @@ class bucket_reducer {
     if (ready_.empty()) ready_.assign(grads_.size(), false);
     ready_[i] = true;
   }
-  void launch(std::size_t b) { buckets_[b].w = async::all_reduce(*comm_, std::span<E>(buckets_[b].data), op_, algo_); }
+  /// The bucket's all_reduce, then the copy of its reduced gradients back into place: both in
+  /// the nonblocking call, so the copy overlaps what backward has left to do too.
+  void launch(std::size_t b) {
+    bucket* x = &buckets_[b];
+    const std::vector<std::span<E>>* grads = &grads_;
+    buckets_[b].w = async::run(*comm_, [x, grads, op = op_, algo = algo_](communicator<T>& c) {
+      collx::all_reduce(c, std::span<E>(x->data), op, algo);
+      std::size_t off = 0;
+      for (std::size_t k : x->grads) {
+        const std::span<E> g = (*grads)[k];
+        if (!g.empty() && g.data() != x->data.data() + off) std::memcpy(g.data(), x->data.data() + off, g.size_bytes());
+        off += g.size();
+      }
+    });
+  }
 
   communicator<T>* comm_;
   std::vector<std::span<E>> grads_;
@@ -124,5 +149,12 @@ class bucket_reducer {
   std::vector<bool> ready_;
   std::size_t next_ = 0;  // the next bucket to start
 };
+
+template <class T, class E>
+bucket_reducer(communicator<T>&, std::vector<std::span<E>>) -> bucket_reducer<T, E>;
+template <class T, class E>
+bucket_reducer(communicator<T>&, std::vector<std::span<E>>, bucket_options) -> bucket_reducer<T, E>;
+template <class T, class E, class Op>
+bucket_reducer(communicator<T>&, std::vector<std::span<E>>, bucket_options, Op) -> bucket_reducer<T, E, Op>;
 
 }  // namespace collx

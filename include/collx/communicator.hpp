@@ -146,6 +146,14 @@ class communicator {
     return v.data();
   }
 
+  /// Memory a fused batch packs its all-reduces in (fuse.hpp): kept apart from scratch(), which
+  /// the packed all_reduce itself may use; grows, never shrinks.
+  std::byte* pack_buffer(std::size_t bytes) {
+    auto& v = s_->pack;
+    if (v.size() < bytes) v.resize(bytes);
+    return v.data();
+  }
+
   /// The order of this communicator's calls (detail/call_queue.hpp).
   detail::call_queue& calls_queue() { return s_->queue; }
   /// Splits made on this communicator so far (names the next one).
@@ -180,6 +188,7 @@ class communicator {
     automatic_state auto_;
     detail::schedule_cache cache;
     bytes_vec scratch;
+    bytes_vec pack;
     detail::call_queue queue;  // last: its thread may use everything above
   };
   std::unique_ptr<state> s_;

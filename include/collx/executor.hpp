@@ -130,21 +130,18 @@ void execute(communicator<T>& comm, const call_info& call, const schedule& s, co
   }
 }
 
-template <class Policy, class Problem>
+template <class Policy, class Problem, int Variant>
 inline const char schedule_kind = 0;
 
-constexpr std::uint64_t rank_and_size(int rank, int size) { return std::uint64_t(std::uint32_t(rank)) << 32 | std::uint32_t(size); }
-
-/// The cached schedule of `pol` for problem `p` (every field of p is a value the schedule
-/// depends on, listed by the caller in `values`), built by `build` when not cached.
-template <class Policy, class Problem, class T, class Build>
-std::shared_ptr<const schedule> cached(communicator<T>& comm, const Policy& pol, std::initializer_list<std::uint64_t> values,
-                                       Build&& build) {
+/// The cached schedule of `pol` for problem `p`, built by `build` when not cached. The key is
+/// every field of the policy and of the problem (detail/schedule_cache.hpp: add_fields), and
+/// `Variant` tells apart two schedules one policy builds for one problem type.
+template <int Variant = 0, class Policy, class Problem, class T, class Build>
+std::shared_ptr<const schedule> cached(communicator<T>& comm, const Policy& pol, const Problem& p, Build&& build) {
   typename communicator<T>::schedule_key k;
-  k.kind = &schedule_kind<Policy, Problem>;
-  std::size_t i = 0;
-  if constexpr (requires { pol.chunk_bytes; }) k.v[i++] = pol.chunk_bytes;
-  for (std::uint64_t x : values) k.v[i++] = x;  // at most 7 values: the key holds 8
+  k.kind = &schedule_kind<Policy, Problem, Variant>;
+  add_fields(k, pol);
+  add_fields(k, p);
   return comm.cached_schedule(k, [&] {
     schedule s = build();
     s.shrink();

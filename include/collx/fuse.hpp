@@ -135,16 +135,18 @@ class fused {
       }
       std::size_t total = 0;
       for (const part& p : parts) total += p.n;
-      std::vector<E> buf(total);
+      // The communicator's pack buffer: reused from call to call, never initialised (a training
+      // step packs the same shapes every time).
+      E* buf = reinterpret_cast<E*>(c.pack_buffer(total * sizeof(E)));
       std::size_t at = 0;
       for (const part& p : parts) {
-        if (p.n != 0) std::memcpy(buf.data() + at, p.in, p.n * sizeof(E));
+        if (p.n != 0) std::memcpy(buf + at, p.in, p.n * sizeof(E));
         at += p.n;
       }
-      collx::all_reduce(c, std::span<E>(buf), op, algo);
+      collx::all_reduce(c, std::span<E>(buf, total), op, algo);
       at = 0;
       for (const part& p : parts) {
-        if (p.n != 0) std::memcpy(p.out, buf.data() + at, p.n * sizeof(E));
+        if (p.n != 0) std::memcpy(p.out, buf + at, p.n * sizeof(E));
         at += p.n;
       }
     }

@@ -43,6 +43,7 @@
 //
 // algo::automatic picks, per call, the policy with the least predicted time (best()).
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -52,6 +53,7 @@
 #include <vector>
 
 #include "algo/automatic.hpp"
+#include "algo/policies.hpp"
 #include "algo/compose.hpp"
 #include "algo/pairwise.hpp"
 #include "algo/profile.hpp"
@@ -71,8 +73,12 @@ using algo::collective;
 inline constexpr collective all_collectives[] = {collective::all_reduce, collective::reduce_scatter,
                                                  collective::all_gather, collective::broadcast,
                                                  collective::reduce,     collective::all_to_all};
-inline constexpr choice all_policies[] = {choice::ring, choice::tree, choice::recursive_halving,
-                                          choice::recursive_doubling, choice::pairwise};
+/// Every policy, in algo::policies' order (algo/policies.hpp).
+inline constexpr auto all_policies = [] {
+  std::array<choice, algo::policies::size> a{};
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = choice(i);
+  return a;
+}();
 
 inline const char* name(collective c) noexcept {
   switch (c) {
@@ -87,14 +93,11 @@ inline const char* name(collective c) noexcept {
 }
 
 inline const char* name(choice p) noexcept {
-  switch (p) {
-    case choice::ring: return algo::ring::name;
-    case choice::tree: return algo::tree::name;
-    case choice::recursive_halving: return algo::recursive_halving::name;
-    case choice::recursive_doubling: return algo::recursive_doubling::name;
-    case choice::pairwise: return algo::pairwise::name;
-  }
-  return "?";
+  const char* n = "?";
+  algo::for_each_policy([&]<class A>() {
+    if (p == algo::choice_of<A>) n = A::name;
+  });
+  return n;
 }
 
 inline std::optional<collective> parse_collective(std::string_view s) {
@@ -154,17 +157,20 @@ constexpr bool supports(collective c, bool commutative) {
   return false;
 }
 
-/// Calls f with the policy object that `p` names.
+template <std::size_t I, class F>
+decltype(auto) visit_from(choice p, F& f) {
+  using A = std::tuple_element_t<I, algo::policy_tuple>;
+  if constexpr (I + 1 == algo::policies::size) {
+    return f(A{});
+  } else {
+    if (p == choice(I)) return f(A{});
+    return visit_from<I + 1>(p, f);
+  }
+}
+/// Calls f with the policy object that `p` names (the last policy's for a choice out of range).
 template <class F>
 decltype(auto) visit(choice p, F&& f) {
-  switch (p) {
-    case choice::ring: return f(algo::ring{});
-    case choice::tree: return f(algo::tree{});
-    case choice::recursive_halving: return f(algo::recursive_halving{});
-    case choice::recursive_doubling: return f(algo::recursive_doubling{});
-    case choice::pairwise: break;
-  }
-  return f(algo::pairwise{});
+  return visit_from<0>(p, f);
 }
 
 inline bool supports(choice p, collective c, bool commutative) {
@@ -499,7 +505,7 @@ inline std::vector<candidate> evaluate(const problem& pr, const params& p) {
 /// tree 0.40).
 inline choice best(const problem& pr, const params& p) {
   const auto v = evaluate(pr, p);
-  if (v.empty()) return choice::pairwise;
+  if (v.empty()) return algo::choice_of<algo::pairwise>;
   auto better = [](const candidate& a, const candidate& b) {
     const double tol = 1e-6 * std::max(a.seconds, b.seconds);
     if (a.seconds < b.seconds - tol) return true;

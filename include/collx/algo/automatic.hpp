@@ -17,6 +17,7 @@
 // that cannot honour a non-commutative op is an error at the call, a global one yields to the
 // model for that call.
 #include <cstddef>
+#include <cstdint>
 
 #include "../concepts.hpp"
 
@@ -29,6 +30,7 @@ struct automatic {
 
 enum class collective { all_reduce, reduce_scatter, all_gather, broadcast, reduce, all_to_all };
 
-enum class choice { ring, tree, recursive_halving, recursive_doubling, pairwise };
+/// A concrete policy: its place in algo::policies (algo/policies.hpp), where the list is.
+enum class choice : std::int8_t {};
 
 }  // namespace collx::algo

@@ -121,7 +121,7 @@ struct step_curve {
 /// with the size, a step whose buffers left the cache — is then measured rather than guessed,
 /// as NCCL keeps a latency and bandwidth per algorithm and protocol. Trivially copyable.
 struct policy_fit {
-  static constexpr int kSizes = 24, kCollectives = 6, kPolicies = 5;
+  static constexpr int kSizes = 24, kCollectives = 6, kPolicies = 8;  // room for algo::policies
   std::int32_t nsizes = 0;
   double bytes[kSizes] = {};
   float factor[kCollectives][kPolicies][kSizes] = {};  // 0: not measured

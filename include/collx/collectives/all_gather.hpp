@@ -13,8 +13,7 @@ void all_gather_blocks(communicator<T>& comm, const call_info& call, const E* in
   static_assert(requires(const algo::ag_problem& p) { a.all_gather(p); },
                 "collx: this policy has no all_gather schedule (ring, tree and recursive_halving have one)");
   const algo::ag_problem p{comm.rank(), comm.size(), blocks, in_place, 0, sizeof(E)};
-  const auto s = cached<Algo, algo::ag_problem>(
-      comm, a, {rank_and_size(p.rank, p.size), blocks.total, in_place, sizeof(E)}, [&] { return a.all_gather(p); });
+  const auto s = cached(comm, a, p, [&] { return a.all_gather(p); });
   execute(comm, call, *s, in, out, no_op{});
 }
 }  // namespace detail

@@ -19,8 +19,7 @@ void all_reduce_impl(communicator<T>& comm, call_info& call, const E* in, E* out
     static_assert(check_reducing<E, Op, P>());
     const algo::ar_problem p{comm.rank(), comm.size(), count, sizeof(E), is_commutative_v<Op>, src};
     if constexpr (requires(const algo::ar_problem& q) { pol.all_reduce(q); }) {
-      const auto s = cached<P, algo::ar_problem>(
-          comm, pol, {rank_and_size(p.rank, p.size), count, sizeof(E), p.commutative, std::uint64_t(src)}, [&] {
+      const auto s = cached(comm, pol, p, [&] {
             schedule x = pol.all_reduce(p);
             x.finalize({buf::out, 0, count});
             return x;
@@ -33,9 +32,7 @@ void all_reduce_impl(communicator<T>& comm, call_info& call, const E* in, E* out
       const std::size_t seg = algo::tuning::all_reduce_segment(count, sizeof(E));
       auto segment = [&](std::size_t len) {
         const algo::ar_problem q{p.rank, p.size, len, p.elem_size, p.commutative, src};
-        return cached<P, algo::ar_problem>(comm, pol,
-                                           {rank_and_size(q.rank, q.size), len, sizeof(E), q.commutative, std::uint64_t(src), 1},
-                                           [&] { return algo::composed_segment(pol, q); });
+        return cached</*composed segment*/ 1>(comm, pol, q, [&] { return algo::composed_segment(pol, q); });
       };
       const auto full = segment(std::min(seg, count));
       for (std::size_t off = 0; off < count; off += seg) {

@@ -16,9 +16,7 @@ void broadcast(communicator<T>& comm, std::span<E> buf, int root, Algo a = {}) {
     static_assert(requires(const algo::bcast_problem& p) { pol.broadcast(p); },
                   "collx: this policy has no broadcast schedule (ring, tree and recursive_halving have one)");
     const algo::bcast_problem p{comm.rank(), comm.size(), root, buf.size(), sizeof(E)};
-    const auto s = detail::cached<std::decay_t<decltype(pol)>, algo::bcast_problem>(
-        comm, pol, {detail::rank_and_size(p.rank, p.size), std::uint64_t(root), buf.size(), sizeof(E)},
-        [&] { return pol.broadcast(p); });
+    const auto s = detail::cached(comm, pol, p, [&] { return pol.broadcast(p); });
     detail::execute(comm, call, *s, static_cast<const E*>(buf.data()), buf.data(), no_op{});
   });
 }

@@ -11,11 +11,7 @@
 #include <type_traits>
 
 #include "../algo/automatic.hpp"
-#include "../algo/pairwise.hpp"
-#include "../algo/recursive_doubling.hpp"
-#include "../algo/recursive_halving.hpp"
-#include "../algo/ring.hpp"
-#include "../algo/tree.hpp"
+#include "../algo/policies.hpp"
 #include "../algo/binomial.hpp"
 #include "../calibration.hpp"
 #include "../executor.hpp"
@@ -164,9 +160,9 @@ void automatic_setup(communicator<T>& comm) {
 template <class T>
 algo::choice automatic_choice(communicator<T>& comm, algo::collective c, std::size_t count, std::size_t elem,
                               bool commutative, const call_info& call) {
-  if (c == algo::collective::all_to_all) return algo::choice::pairwise;
+  if (c == algo::collective::all_to_all) return algo::choice_of<algo::pairwise>;
   const int n = comm.size();
-  if (n == 1) return commutative ? algo::choice::ring : algo::choice::recursive_halving;  // local copies only
+  if (n == 1) return commutative ? algo::choice_of<algo::ring> : algo::choice_of<algo::recursive_halving>;  // local copies only
   automatic_setup(comm);
   auto& st = comm.automatic();
   const std::int8_t f = st.forced[std::size_t(c)];
@@ -201,28 +197,19 @@ void with_policy(const Algo& a, communicator<T>& comm, std::size_t count, call_i
       set_name(call.sig.policy, std::decay_t<decltype(pol)>::name);
       f(pol);
     };
-    switch (automatic_choice(comm, C, count, sizeof(E), commutative, call)) {
-      case algo::choice::ring:
-        if constexpr (commutative || C == algo::collective::all_gather || C == algo::collective::broadcast) {
-          run(algo::ring{});
-          return;
+    // The chosen policy, among those of algo::policies that have a schedule for C and this op
+    // (the model only chooses among those; recursive_halving serves every collective else).
+    const algo::choice ch = automatic_choice(comm, C, count, sizeof(E), commutative, call);
+    bool ran = false;
+    algo::for_each_policy([&]<class P>() {
+      if constexpr (model::supports<P>(C, commutative)) {
+        if (!ran && ch == algo::choice_of<P>) {
+          ran = true;
+          run(P{});
         }
-        break;
-      case algo::choice::tree: run(algo::tree{}); return;
-      case algo::choice::pairwise:
-        if constexpr (C == algo::collective::all_gather) {
-          run(algo::pairwise{});
-          return;
-        }
-        break;
-      case algo::choice::recursive_doubling:
-        if constexpr (C == algo::collective::all_reduce) {
-          run(algo::recursive_doubling{});
-          return;
-        }
-        break;
-      default: break;
-    }
+      }
+    });
+    if (ran) return;
     run(algo::recursive_halving{});
   } else {
     f(a);

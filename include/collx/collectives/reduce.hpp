@@ -24,8 +24,7 @@ void reduce(communicator<T>& comm, std::span<const std::type_identity_t<E>> in, 
     static_assert(requires(const algo::reduce_problem& p) { pol.reduce(p); },
                   "collx: this policy has no reduce schedule (ring, tree and recursive_halving have one)");
     const algo::reduce_problem p{comm.rank(), comm.size(), root, in.size(), sizeof(E), is_commutative_v<Op>};
-    const auto s = detail::cached<std::decay_t<decltype(pol)>, algo::reduce_problem>(
-        comm, pol, {detail::rank_and_size(p.rank, p.size), std::uint64_t(root), in.size(), sizeof(E), p.commutative}, [&] {
+    const auto s = detail::cached(comm, pol, p, [&] {
           schedule x = pol.reduce(p);
           if (p.rank == p.root) x.finalize({buf::out, 0, p.count});
           return x;

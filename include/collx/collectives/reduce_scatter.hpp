@@ -14,9 +14,7 @@ void reduce_scatter_blocks(communicator<T>& comm, const call_info& call, const E
   static_assert(requires(const algo::rs_problem& p) { a.reduce_scatter(p); },
                 "collx: this policy has no reduce_scatter schedule (ring, tree and recursive_halving have one)");
   const algo::rs_problem p{comm.rank(), comm.size(), blocks, src, work, sizeof(E), is_commutative_v<Op>};
-  const auto s = cached<Algo, algo::rs_problem>(
-      comm, a, {rank_and_size(p.rank, p.size), blocks.total, std::uint64_t(src), std::uint64_t(work), sizeof(E), p.commutative},
-      [&] {
+  const auto s = cached(comm, a, p, [&] {
         schedule x = a.reduce_scatter(p);
         x.finalize(p.result());
         return x;

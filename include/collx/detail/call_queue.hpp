@@ -4,25 +4,40 @@
 // Every call on a communicator, blocking or not, runs in the order it was issued: a blocking call
 // first runs whatever nonblocking calls are still queued before it, then itself, on the calling
 // thread. A nonblocking call (async.hpp) is queued and a progress thread, started with the
-// communicator's first one, runs the queue back to back while the caller computes; it sleeps on
-// a condition variable whenever the queue is empty, so nothing spins while no call is
-// outstanding. One thread at a time runs the communicator's calls (exec_), so the transport and
-// the communicator's state (sequence numbers, scratch, schedules) are never shared by two.
+// communicator's first one, runs the queue back to back while the caller computes; it sleeps
+// (a futex) whenever the queue is empty, so nothing spins while no call is outstanding. One
+// thread at a time runs the communicator's calls (exec_), so the transport and the
+// communicator's state (sequence numbers, scratch, schedules) are never shared by two.
 //
-// The hand-off costs a wake-up (~28 us on the development VMs) only when the caller does not
-// wait at once: wait() on a call the thread has not started runs it (and the calls queued before
-// it) on the waiting thread, so `async(...).wait()` costs a blocking call plus the queueing.
+// Handing a call to a sleeping thread costs a wake-up (a futex syscall for the caller, ~28 us for
+// the thread on the development VMs), so neither is on the critical path:
+// - wait() on a call the thread has not started runs it (and the calls queued before it) on the
+//   waiting thread, so `async(...).wait()` costs a blocking call plus the queueing;
+// - a thread that has just been busy lingers (kLinger) before it sleeps for good: it looks at
+//   the queue after kPoll, then twice as long, ..., asleep in between, and a call submitted
+//   meanwhile wakes nobody. Only a call submitted to a thread in its long sleep pays the syscall;
+// - the thread runs as SCHED_BATCH, so waking it does not preempt the caller (on the same core
+//   when ranks are pinned), and it only tries to take its turn: while the caller runs calls it
+//   looks again later, instead of queueing on the mutex (the caller's unlock would be a syscall).
+//
+// The queue is a list with one producer (the thread issuing the communicator's calls: calls on
+// one communicator come from one thread at a time, as in MPI) and one consumer at a time (the
+// holder of exec_), so it needs no lock: submitting is an allocation and two atomic stores.
+#include <pthread.h>
+#include <sched.h>
+
 #include <atomic>
-#include <condition_variable>
-#include <deque>
+#include <chrono>
+#include <cstdint>
 #include <exception>
-#include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 
 #include "../work.hpp"
+#include "wait.hpp"
 
 namespace collx::detail {
 
@@ -31,24 +46,43 @@ class call_queue;
 /// The queue whose calls this thread is running now (a call made from inside one runs at once).
 inline thread_local const call_queue* tl_running = nullptr;
 
-class call_task final : public work_state {
+/// One call on the queue. The call itself is the derived class's (one allocation per call).
+class call_task : public work_state {
  public:
-  call_task(call_queue* q, std::function<void()> f) : q_(q), fn_(std::move(f)) {}
-  bool test() override { return st_.load(std::memory_order_acquire) == kDone; }
+  explicit call_task(call_queue* q) : q_(q) {}
+  bool test() override { return (st_.load(std::memory_order_acquire) & kStateMask) == kDone; }
   void wait() override;
 
  private:
   friend class call_queue;
-  static constexpr int kQueued = 0, kRunning = 1, kDone = 2;
+  virtual void invoke() = 0;
+  virtual void release() noexcept = 0;  // the call's captures go as soon as it has run
+  // The state, and a bit set by a thread that sleeps until it is done (notified only then).
+  static constexpr int kQueued = 0, kRunning = 1, kDone = 2, kStateMask = 3, kWaiter = 4;
   call_queue* q_;  // valid until done: a communicator finishes its queue before it goes
-  std::function<void()> fn_;
   std::atomic<int> st_{kQueued};
   std::exception_ptr err_;
+  // The queue's links: the next call, and the queue's own reference while it holds this one.
+  std::atomic<call_task*> next_{nullptr};
+  std::shared_ptr<call_task> self_;
+};
+
+template <class F>
+class call_task_of final : public call_task {
+ public:
+  call_task_of(call_queue* q, F&& f) : call_task(q), f_(std::move(f)) {}
+
+ private:
+  void invoke() override { (*f_)(); }
+  void release() noexcept override { f_.reset(); }
+  std::optional<F> f_;
 };
 
 class call_queue {
  public:
-  call_queue() = default;
+  call_queue() : stub_(std::make_shared<call_task_of<void (*)()>>(this, +[] {})) {
+    head_ = tail_ = stub_.get();
+  }
   call_queue(const call_queue&) = delete;
   call_queue& operator=(const call_queue&) = delete;
   ~call_queue() { shutdown(); }
@@ -73,56 +107,75 @@ class call_queue {
     std::unique_lock<std::mutex> ex_;
   };
 
-  /// Queues f behind every call issued before it; the progress thread runs it.
-  std::shared_ptr<call_task> submit(std::function<void()> f) {
-    auto t = std::make_shared<call_task>(this, std::move(f));
-    {
-      std::lock_guard lk(mu_);
-      q_.push_back(t);
-      if (!worker_.joinable()) worker_ = std::thread([this] { loop(); });
+  /// When a lingering progress thread first looks at the queue again, and for how long after its
+  /// last call it lingers before it sleeps until woken.
+  static constexpr std::chrono::microseconds kPoll{50};
+  static constexpr std::chrono::milliseconds kLinger{5};
+
+  /// Queues f (a callable taking nothing) behind every call issued before it; the progress
+  /// thread runs it.
+  /// A call submitted from inside one of this communicator's calls runs at once, as a blocking
+  /// call made there does (the calls queued behind the running one come after it).
+  template <class F>
+  std::shared_ptr<call_task> submit(F f) {
+    std::shared_ptr<call_task> t = std::make_shared<call_task_of<std::decay_t<F>>>(this, std::move(f));
+    if (tl_running == this) {
+      run(*t);
+      return t;
     }
-    cv_.notify_one();
+    t->self_ = t;
+    tail_->next_.store(t.get(), std::memory_order_release);
+    tail_ = t.get();
+    pushed_.store(pushed_.load(std::memory_order_relaxed) + 1, std::memory_order_seq_cst);
+    if (!started_) {
+      started_ = true;
+      worker_ = std::thread([this] { loop(); });
+    } else if (asleep_.load(std::memory_order_seq_cst)) {
+      bell_.fetch_add(1, std::memory_order_seq_cst);
+      futex_wake_all(bell_, false);
+    }
     return t;
   }
 
   /// Returns once t has run: runs it here (and the calls before it) when no thread has started
   /// it yet, else waits for the progress thread.
   void wait_for(call_task& t) {
-    if (t.st_.load(std::memory_order_acquire) == call_task::kDone) return;
+    if (t.test()) return;
     if (tl_running == this || t.st_.load(std::memory_order_acquire) == call_task::kQueued) {
       std::unique_lock<std::mutex> ex;
       if (tl_running != this) ex = std::unique_lock(exec_);  // waits while the thread runs a call
       scope s(this);
       // Under exec_ nobody else takes calls: t is queued still, or done.
-      while (t.st_.load(std::memory_order_acquire) != call_task::kDone) {
+      while (!t.test()) {
         auto n = pop();
         if (!n) break;
         run(*n);
       }
     }
-    for (int s = t.st_.load(std::memory_order_acquire); s != call_task::kDone; s = t.st_.load(std::memory_order_acquire))
-      t.st_.wait(s, std::memory_order_acquire);
+    // The thread runs it: sleep until it is done, saying so first.
+    for (int s = t.st_.load(std::memory_order_acquire); (s & call_task::kStateMask) != call_task::kDone;
+         s = t.st_.load(std::memory_order_acquire)) {
+      if (!(s & call_task::kWaiter) && !t.st_.compare_exchange_weak(s, s | call_task::kWaiter, std::memory_order_acq_rel))
+        continue;
+      t.st_.wait(s | call_task::kWaiter, std::memory_order_acquire);
+    }
   }
 
   /// Runs what is queued and stops the progress thread (the communicator is going).
   void shutdown() noexcept {
-    {
-      std::lock_guard lk(mu_);
-      stop_ = true;
-    }
-    cv_.notify_one();
+    stop_.store(true, std::memory_order_seq_cst);
+    bell_.fetch_add(1, std::memory_order_seq_cst);
+    futex_wake_all(bell_, false);
     if (worker_.joinable() && worker_.get_id() != std::this_thread::get_id()) worker_.join();
     // Without a thread (it could not start), or called from it: run the rest here.
     std::unique_lock ex(exec_, std::defer_lock);
     if (tl_running != this) ex.lock();
     scope s(this);
     while (auto t = pop()) run(*t);
-  }
-
-  /// Calls queued or running (for tests and diagnostics).
-  std::size_t outstanding() {
-    std::lock_guard lk(mu_);
-    return q_.size() + (busy_ ? 1 : 0);
+    if (head_ != stub_.get()) {  // the last call taken: the queue's reference goes
+      head_->self_.reset();
+      head_ = tail_ = stub_.get();
+    }
   }
 
  private:
@@ -132,55 +185,88 @@ class call_queue {
     ~scope() { tl_running = prev; }
   };
 
-  std::shared_ptr<call_task> pop() {
-    std::lock_guard lk(mu_);
-    if (q_.empty()) return nullptr;
-    auto t = std::move(q_.front());
-    q_.pop_front();
-    busy_ = true;
-    return t;
+  /// The next call, under exec_. The call last taken stays the list's head, and the queue's
+  /// (the producer may be linking behind it), until the next one is taken: the pointer is good
+  /// until then.
+  call_task* pop() {
+    if (!pending()) return nullptr;
+    call_task* n = head_->next_.load(std::memory_order_acquire);
+    if (n == nullptr) return nullptr;
+    call_task* old = head_;
+    head_ = n;
+    if (old != stub_.get()) old->self_.reset();
+    popped_.store(popped_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+    return n;
+  }
+  /// Calls queued and not yet taken (any thread may ask).
+  bool pending() const noexcept {
+    return pushed_.load(std::memory_order_seq_cst) != popped_.load(std::memory_order_seq_cst);
   }
 
   void run(call_task& t) noexcept {
-    t.st_.store(call_task::kRunning, std::memory_order_relaxed);
+    t.st_.store(call_task::kRunning, std::memory_order_relaxed);  // nobody waits on a queued call
     try {
-      t.fn_();
+      t.invoke();
     } catch (...) {
       t.err_ = std::current_exception();
     }
-    t.fn_ = nullptr;  // the call's captures go now, not with the last handle
-    {
-      std::lock_guard lk(mu_);
-      busy_ = false;
-    }
-    t.st_.store(call_task::kDone, std::memory_order_release);
-    t.st_.notify_all();
+    t.release();
+    if (t.st_.exchange(call_task::kDone, std::memory_order_acq_rel) & call_task::kWaiter) t.st_.notify_all();
   }
 
   void loop() {
+    // SCHED_BATCH: waking this thread does not preempt the thread that woke it (the rank's, on
+    // the same core when ranks are pinned), which goes on to run the call itself if it waits.
+    sched_param none{};
+    pthread_setschedparam(pthread_self(), SCHED_BATCH, &none);
+    using clock = std::chrono::steady_clock;
+    auto busy_at = clock::now();
     for (;;) {
-      {
-        std::unique_lock lk(mu_);
-        cv_.wait(lk, [&] { return stop_ || !q_.empty(); });
-        if (q_.empty()) return;  // stopping, and nothing left
+      auto poll = std::chrono::nanoseconds(kPoll);
+      while (!pending() && !stop_.load(std::memory_order_seq_cst)) {
+        const std::uint32_t v = bell_.load(std::memory_order_seq_cst);
+        if (clock::now() - busy_at < kLinger) {
+          futex_wait(bell_, v, poll, false);
+          poll *= 2;  // found nothing: the caller runs its calls itself; look less often
+          continue;
+        }
+        // Sleep until woken: say so, then look once more (a submit that missed the flag was
+        // seen here; one that saw it rings the bell, which ends the wait).
+        asleep_.store(true, std::memory_order_seq_cst);
+        if (!pending() && !stop_.load(std::memory_order_seq_cst))
+          futex_wait(bell_, v, std::chrono::seconds(1), false);
+        asleep_.store(false, std::memory_order_seq_cst);
+        busy_at = clock::now();
+        poll = kPoll;
       }
-      std::unique_lock ex(exec_);
+      if (!pending()) return;  // stopping, and nothing left
+      // The caller may be running calls (a blocking one, or a wait() that took the calls up to
+      // its own): look again later rather than queue on the mutex.
+      std::unique_lock ex(exec_, std::try_to_lock);
+      if (!ex.owns_lock()) {
+        futex_wait(bell_, bell_.load(std::memory_order_seq_cst), kPoll, false);
+        continue;
+      }
       scope s(this);
       while (auto t = pop()) run(*t);
+      busy_at = clock::now();
     }
   }
 
-  std::mutex mu_;  // q_, stop_, busy_, worker_
-  std::condition_variable cv_;
-  std::deque<std::shared_ptr<call_task>> q_;
-  bool stop_ = false;
-  bool busy_ = false;
-  std::mutex exec_;  // held by the thread running this communicator's calls
+  std::shared_ptr<call_task> stub_;  // the list's first head
+  call_task* head_;                  // the call last taken (or the stub): the consumer's end, under exec_
+  call_task* tail_;                  // the call last queued: the producer's end
+  std::atomic<std::uint64_t> pushed_{0}, popped_{0};  // calls queued and taken, ever (one writer each)
+  std::atomic<std::uint32_t> bell_{0};  // bumped (and woken) to wake the thread
+  std::atomic<bool> asleep_{false};     // the thread sleeps until woken (not lingering)
+  std::atomic<bool> stop_{false};
+  bool started_ = false;  // the producer started the thread
+  std::mutex exec_;       // held by the thread running this communicator's calls
   std::thread worker_;
 };
 
 inline void call_task::wait() {
-  if (st_.load(std::memory_order_acquire) != kDone) q_->wait_for(*this);
+  if (!test()) q_->wait_for(*this);
   if (err_) std::rethrow_exception(err_);
 }
 

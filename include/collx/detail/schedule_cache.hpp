@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <list>
 #include <memory>
+#include <stdexcept>
+#include <type_traits>
 #include <unordered_map>
 
 #include "../env.hpp"
@@ -21,17 +23,77 @@
 
 namespace collx::detail {
 
-/// What identifies a schedule: the policy and problem types (kind) and the problem's values.
+/// What identifies a schedule: the policy and problem types (kind) and the values of every
+/// field of the policy and the problem (key_of below: taken field by field, so a field added to
+/// a problem is part of the key without anyone listing it).
 struct schedule_key {
+  static constexpr std::size_t kValues = 16;
   const void* kind = nullptr;
-  std::array<std::uint64_t, 8> v{};
+  std::array<std::uint64_t, kValues> v{};
+  std::uint32_t n = 0;
   friend bool operator==(const schedule_key&, const schedule_key&) = default;
+  void add(std::uint64_t x) {
+    if (n == kValues) throw std::logic_error("collx: a schedule key holds at most 16 values");
+    v[n++] = x;
+  }
 };
+
+/// The number of fields of an aggregate (or of a class whose constructor takes one argument per
+/// public field, as partition's): the most initialisers it accepts.
+struct any_field {
+  template <class X>
+  constexpr operator X() const noexcept;  // only ever named in unevaluated tests
+};
+template <class P, class... A>
+constexpr std::size_t field_count() {
+  if constexpr (sizeof...(A) < 10 && requires { P{A{}..., any_field{}}; }) return field_count<P, A..., any_field>();
+  else return sizeof...(A);
+}
+
+/// Adds every scalar reachable through x's fields to k (arithmetic and enum values; classes
+/// field by field, as structured bindings see them).
+template <class X>
+void add_fields(schedule_key& k, const X& x) {
+  if constexpr (std::is_arithmetic_v<X> || std::is_enum_v<X>) {
+    k.add(std::uint64_t(x));
+  } else if constexpr (std::is_empty_v<X>) {
+  } else {
+    constexpr std::size_t n = field_count<X>();
+    static_assert(n >= 1 && n <= 8, "collx: a schedule problem has 1 to 8 public fields, each a scalar or such a struct");
+    if constexpr (n == 1) {
+      const auto& [a] = x;
+      add_fields(k, a);
+    } else if constexpr (n == 2) {
+      const auto& [a, b] = x;
+      (add_fields(k, a), add_fields(k, b));
+    } else if constexpr (n == 3) {
+      const auto& [a, b, c] = x;
+      (add_fields(k, a), add_fields(k, b), add_fields(k, c));
+    } else if constexpr (n == 4) {
+      const auto& [a, b, c, d] = x;
+      (add_fields(k, a), add_fields(k, b), add_fields(k, c), add_fields(k, d));
+    } else if constexpr (n == 5) {
+      const auto& [a, b, c, d, e] = x;
+      (add_fields(k, a), add_fields(k, b), add_fields(k, c), add_fields(k, d), add_fields(k, e));
+    } else if constexpr (n == 6) {
+      const auto& [a, b, c, d, e, f] = x;
+      (add_fields(k, a), add_fields(k, b), add_fields(k, c), add_fields(k, d), add_fields(k, e), add_fields(k, f));
+    } else if constexpr (n == 7) {
+      const auto& [a, b, c, d, e, f, g] = x;
+      (add_fields(k, a), add_fields(k, b), add_fields(k, c), add_fields(k, d), add_fields(k, e), add_fields(k, f),
+       add_fields(k, g));
+    } else {
+      const auto& [a, b, c, d, e, f, g, h] = x;
+      (add_fields(k, a), add_fields(k, b), add_fields(k, c), add_fields(k, d), add_fields(k, e), add_fields(k, f),
+       add_fields(k, g), add_fields(k, h));
+    }
+  }
+}
 
 struct schedule_key_hash {
   std::size_t operator()(const schedule_key& k) const noexcept {
     std::uint64_t h = std::uint64_t(reinterpret_cast<std::uintptr_t>(k.kind)) * 0x9e3779b97f4a7c15ull;
-    for (std::uint64_t x : k.v) h = (h ^ x) * 0x100000001b3ull + (h >> 29);
+    for (std::uint32_t i = 0; i < k.n; ++i) h = (h ^ k.v[i]) * 0x100000001b3ull + (h >> 29);
     return std::size_t(h);
   }
 };

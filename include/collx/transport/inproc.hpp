@@ -210,7 +210,7 @@ class inproc {
         ch.reading.store(1, std::memory_order_seq_cst);
         if (g_->state(r.peer) == rank_state::failed) {
           ch.reading.store(0, std::memory_order_seq_cst);
-          call.fail(errc::peer_lost, "lost rank " + std::to_string(r.peer) + ": it failed: " + g_->why(r.peer));
+          call.fail(errc::peer_lost, "lost " + call.peer(r.peer) + ": it failed: " + g_->why(r.peer));
         }
         detail::deliver(r, 0, m.data, r.bytes, ctx.comb);
         ch.consumed.store(tail + 1, std::memory_order_seq_cst);
@@ -280,15 +280,14 @@ class inproc {
         if (ps == rank_state::live) continue;
         if (ready()) return;
         if (ps == rank_state::failed)
-          call.fail(errc::peer_lost, "lost rank " + std::to_string(p) + ": it failed: " + g_->why(p));
-        call.fail(errc::peer_lost, "lost rank " + std::to_string(p) +
+          call.fail(errc::peer_lost, "lost " + call.peer(p) + ": it failed: " + g_->why(p));
+        call.fail(errc::peer_lost, "lost " + call.peer(p) +
                                        ": it has left the communicator (it made fewer calls than this rank)");
       }
       if (f >= 0 && f != rank_ && !ready()) {
         const char* what = "";
         const int p = first_pending(what);
-        call.fail(errc::peer_lost, "the job was aborted while waiting for rank " + std::to_string(p) + ": rank " +
-                                       std::to_string(f) + " failed: " + g_->why(f));
+        call.fail(errc::peer_lost, "the job was aborted while waiting for " + call.peer(p) + ": " + call.peer(f) + " failed: " + g_->why(f));
       }
     };
     while (pending != 0) {

@@ -302,7 +302,7 @@ class shm {
           }
           const std::size_t nb = std::size_t(l.chunk);
           if (nb > d.bytes - st.off || nb % elem != 0 || (nb == 0 && d.bytes != 0))
-            call.fail(errc::mismatch, "got a chunk of " + std::to_string(nb) + " B from rank " + std::to_string(d.peer) +
+            call.fail(errc::mismatch, "got a chunk of " + std::to_string(nb) + " B from " + call.peer(d.peer) +
                                           " where " + std::to_string(d.bytes - st.off) + " B remained");
           detail::deliver(d, st.off, buffer(d.peer, l, call), nb, ctx.comb);
           c.consumed.store(consumed + 1, std::memory_order_release);
@@ -485,13 +485,13 @@ class shm {
   const std::byte* buffer(int from, const line_body& l, const call_info& call) const {
     using namespace shm_layout;
     if (l.buf == kBufInline) {
-      if (l.chunk > kInline) call.fail(errc::transport_error, "rank " + std::to_string(from) + " posted an inline chunk of " + std::to_string(l.chunk) + " B");
+      if (l.chunk > kInline) call.fail(errc::transport_error, call.peer(from) + " posted an inline chunk of " + std::to_string(l.chunk) + " B");
       return l.inline_data;
     }
     const bool small = l.buf >= kBufSmall;
     const std::uint32_t i = small ? std::uint32_t(l.buf - kBufSmall) : l.buf;
     if ((small && (i >= kSmall || l.chunk > kSmallBytes)) || (!small && (i >= L_.slots || l.chunk > L_.slot_bytes)))
-      call.fail(errc::transport_error, "rank " + std::to_string(from) + " posted a chunk in buffer " + std::to_string(l.buf) +
+      call.fail(errc::transport_error, call.peer(from) + " posted a chunk in buffer " + std::to_string(l.buf) +
                                            ", which its pools do not have");
     return base_ + (small ? L_.small_off(from, i) : L_.data_off(from, i));
   }
@@ -510,8 +510,8 @@ class shm {
   void check_match(int peer, const line_body& l, std::size_t my_bytes, const call_info& call) const {
     const call_signature theirs = rc(peer).sigs[l.sig_at % shm_layout::kSigRing];
     if (theirs.hash() != l.sig_hash)
-      call.fail(errc::mismatch, "and rank " + std::to_string(peer) + " made different calls: this rank called " + call.sig.describe() +
-                                    ", rank " + std::to_string(peer) + " sent a message of another call (" +
+      call.fail(errc::mismatch, "and " + call.peer(peer) + " made different calls: this rank called " + call.sig.describe() +
+                                    ", " + call.peer(peer) + " sent a message of another call (" +
                                     std::to_string(l.total) + " B), which it has since moved past");
     call.check_match(peer, theirs, std::size_t(l.total), my_bytes);
   }
@@ -591,9 +591,9 @@ class shm {
     const rank_ctl& r = rc(p);
     const std::uint32_t s = r.state.load(std::memory_order_seq_cst);
     if (s == shm_layout::kLeft)
-      call.fail(errc::peer_lost, "lost rank " + std::to_string(p) +
+      call.fail(errc::peer_lost, "lost " + call.peer(p) +
                                      ": it has left the job (it made fewer calls than this rank)");
-    call.fail(errc::peer_lost, "lost rank " + std::to_string(p) + ": " + std::string(r.why, strnlen(r.why, sizeof r.why)));
+    call.fail(errc::peer_lost, "lost " + call.peer(p) + ": " + std::string(r.why, strnlen(r.why, sizeof r.why)));
   }
 
   bool failed_elsewhere() const {
@@ -604,7 +604,7 @@ class shm {
     const std::int32_t f = hdr().first_failed.load(std::memory_order_seq_cst);
     if (f >= 0 && f != rank_) {
       const rank_ctl& r = rc(f);
-      call.fail(errc::peer_lost, "the job was aborted: rank " + std::to_string(f) + " failed: " +
+      call.fail(errc::peer_lost, "the job was aborted: " + call.peer(f) + " failed: " +
                                      std::string(r.why, strnlen(r.why, sizeof r.why)));
     }
   }

@@ -21,7 +21,7 @@ inline void shm::read_remote(channel_ctl& c, const recv_desc& d, std::uint64_t a
       if (k <= 0) {
         if (k < 0 && errno == EINTR) continue;
         if (peer_gone(d.peer)) report_gone(d.peer, call);
-        call.fail(errc::transport_error, "could not read rank " + std::to_string(d.peer) +
+        call.fail(errc::transport_error, "could not read " + call.peer(d.peer) +
                                              "'s buffer (process_vm_readv): " + std::strerror(errno));
       }
       got += std::size_t(k);

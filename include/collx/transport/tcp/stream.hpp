@@ -168,7 +168,7 @@ class streams {
       if (h->kind == tcp_wire::msg_kind::bye) {
         p.gone = true;
         scan_aborts(call);  // it may have left because another rank failed: that is the news
-        call.fail(errc::peer_lost, "lost rank " + std::to_string(q) + ": it has left the job (it made fewer calls than this rank)");
+        call.fail(errc::peer_lost, "lost " + call.peer(q) + ": it has left the job (it made fewer calls than this rank)");
       }
       if (h->kind == tcp_wire::msg_kind::abort) aborted(q, call, std::size_t(h->bytes));
       p.hoff = 0;
@@ -451,7 +451,7 @@ class streams {
 
   [[noreturn]] void lost(int q, const call_info& call, const std::string& what) {
     peers_[std::size_t(q)].gone = true;
-    call.fail(errc::peer_lost, "lost rank " + std::to_string(q) + " (" + peers_[std::size_t(q)].where + "): " + what);
+    call.fail(errc::peer_lost, "lost " + call.peer(q) + " (" + peers_[std::size_t(q)].where + "): " + what);
   }
   /// Throws the reason of the first peer whose stream, between frames, starts with an abort
   /// frame (read without consuming anything else).
@@ -476,7 +476,7 @@ class streams {
   }
   [[noreturn]] void garbage(int q, const call_info& call, const std::string& why) {
     peers_[std::size_t(q)].s.reset();  // the stream is out of step: never read it again
-    call.fail(errc::transport_error, "garbage on the connection from rank " + std::to_string(q) + " (" +
+    call.fail(errc::transport_error, "garbage on the connection from " + call.peer(q) + " (" +
                                          peers_[std::size_t(q)].where + "): " + why);
   }
   [[noreturn]] void aborted(int q, const call_info& call, std::size_t reason_bytes) {
