@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 
 #include <numeric>
 #include <random>
@@ -247,7 +248,7 @@ TEST_CASE("errors reach wait() with the blocking call's messages", "[async][erro
   }
   SECTION("a SIGKILLed peer, over shm and tcp: peer_lost naming it") {
     // Each surviving rank writes what its wait() threw to a file of its own.
-    const std::string base = "/tmp/collx-test-async-" + std::to_string(getpid()) + "-";
+    const std::string base = (std::filesystem::temp_directory_path() / ("collx-test-async-" + std::to_string(getpid()) + "-")).string();
     auto body = [&](auto& comm) {
       std::vector<int> v(1000, 1);
       collx::all_reduce(comm, std::span{v}, collx::ops::sum{});  // everyone is up
