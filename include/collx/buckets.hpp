@@ -77,10 +77,7 @@ class bucket_reducer {
     std::string missing;
     for (std::size_t i = 0; i < grads_.size(); ++i)
       if (!marked(i)) missing += (missing.empty() ? "" : ", ") + std::to_string(i);
-    if (!missing.empty()) {
-      for (auto& x : buckets_) x.w.wait();  // what did start finishes before the error
-      throw error(errc::invalid_argument, "bucket_reducer: finish() before gradient(s) " + missing + " were marked ready");
-    }
+    // What did start finishes either way, and the next step starts afresh.
     for (auto& x : buckets_) {
       x.w.wait();  // the call copied the reduced gradients back too
       x.pending = x.grads.size();
@@ -88,6 +85,9 @@ class bucket_reducer {
     }
     std::fill(ready_.begin(), ready_.end(), false);
     next_ = 0;
+    if (!missing.empty())
+      throw error(errc::invalid_argument, "bucket_reducer: finish() before gradient(s) " + missing +
+                                              " were marked ready (the step is dropped; the next starts afresh)");
   }
 
   /// Gradient i's place in its bucket (DDP's gradient_as_bucket_view): a backward pass that
