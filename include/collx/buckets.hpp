@@ -36,7 +36,7 @@ class bucket_reducer {
 
  public:
   bucket_reducer(communicator<T>& comm, std::vector<std::span<E>> grads, bucket_options o = {}, Op op = {}, Algo a = {})
-      : comm_(&comm), grads_(std::move(grads)), op_(op), algo_(a), where_(grads_.size()) {
+      : comm_(&comm), grads_(std::move(grads)), op_(op), algo_(a), where_(grads_.size()), ready_(grads_.size(), false) {
     if (o.cap_bytes == 0 || o.first_cap_bytes == 0) throw error(errc::invalid_argument, "bucket_reducer: a cap of 0 bytes");
     // Reverse order of creation: the order backward produces them.
     auto cap_of = [&](std::size_t b) { return b == 0 ? o.first_cap_bytes : o.cap_bytes; };
@@ -56,6 +56,10 @@ class bucket_reducer {
     }
   }
 
+  // Its calls in flight refer to its buckets and gradients by address.
+  bucket_reducer(const bucket_reducer&) = delete;
+  bucket_reducer& operator=(const bucket_reducer&) = delete;
+
   /// Gradient i holds this step's value: it is copied into its bucket, and every bucket that is
   /// complete, and has only complete buckets before it, starts its all_reduce.
   void ready(std::size_t i) {
@@ -63,8 +67,8 @@ class bucket_reducer {
       throw error(errc::invalid_argument, "bucket_reducer: gradient " + std::to_string(i) + " of " + std::to_string(grads_.size()));
     auto [b, off] = where_[i];
     bucket& x = buckets_[b];
-    if (marked(i)) throw error(errc::invalid_argument, "bucket_reducer: gradient " + std::to_string(i) + " marked ready twice in one step");
-    mark(i);
+    if (ready_[i]) throw error(errc::invalid_argument, "bucket_reducer: gradient " + std::to_string(i) + " marked ready twice in one step");
+    ready_[i] = true;
     if (!grads_[i].empty() && grads_[i].data() != x.data.data() + off)  // a view of the bucket needs no copy
       std::memcpy(x.data.data() + off, grads_[i].data(), grads_[i].size_bytes());
     --x.pending;
@@ -76,7 +80,7 @@ class bucket_reducer {
   void finish() {
     std::string missing;
     for (std::size_t i = 0; i < grads_.size(); ++i)
-      if (!marked(i)) missing += (missing.empty() ? "" : ", ") + std::to_string(i);
+      if (!ready_[i]) missing += (missing.empty() ? "" : ", ") + std::to_string(i);
     // What did start finishes either way, and the next step starts afresh.
     for (auto& x : buckets_) {
       x.w.wait();  // the call copied the reduced gradients back too
@@ -119,11 +123,6 @@ class bucket_reducer {
     std::size_t pending = 0;
     work w;
   };
-  bool marked(std::size_t i) const { return !ready_.empty() && ready_[i]; }
-  void mark(std::size_t i) {
-    if (ready_.empty()) ready_.assign(grads_.size(), false);
-    ready_[i] = true;
-  }
   /// The bucket's all_reduce, then the copy of its reduced gradients back into place: both in
   /// the nonblocking call, so the copy overlaps what backward has left to do too.
   void launch(std::size_t b) {
