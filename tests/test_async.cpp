@@ -335,6 +335,32 @@ TEST_CASE("a fused batch gives exactly what the separate calls give", "[fuse]") 
       for (auto& s : sums) g.all_reduce(std::span{s}, collx::ops::sum{});
       g.launch().wait();
       if (comm.calls() - before != 1 && n > 1) note("a pack of all-reduces took " + std::to_string(comm.calls() - before) + " calls");
+      // A policy with parameters (ring's chunk size) packs too, by value (it took one call per
+      // all-reduce before); out-of-place parts beside in-place ones, and avg, whose division
+      // runs over the parts where they are.
+      std::vector<std::vector<double>> ins, outs, seps;
+      for (std::size_t c : counts) {
+        ins.push_back(inputs<double, collx::ops::sum>(r, c + 1));
+        outs.emplace_back(c + 1, -1.0);
+      }
+      std::vector<double> inplace = inputs<double, collx::ops::sum>(r, 77), sep_inplace = inplace;
+      const auto before_ring = comm.calls();
+      collx::fused h(comm);
+      for (std::size_t i = 0; i < ins.size(); ++i) {
+        h.all_reduce(std::span<const double>{ins[i]}, std::span{outs[i]}, collx::ops::avg{}, collx::algo::ring{});
+        if (i == 2) h.all_reduce(std::span{inplace}, collx::ops::avg{}, collx::algo::ring{});
+      }
+      h.all_reduce(std::span{fb}, collx::ops::sum{}, collx::algo::ring{2048});  // other parameters: a pack of its own
+      h.run();
+      if (comm.calls() - before_ring != 2 && n > 1)
+        note("two ring packs took " + std::to_string(comm.calls() - before_ring) + " calls");
+      for (std::size_t i = 0; i < ins.size(); ++i) {
+        std::vector<double> sep(ins[i].size());
+        collx::all_reduce(comm, std::span<const double>{ins[i]}, std::span{sep}, collx::ops::avg{}, collx::algo::ring{});
+        if (sep != outs[i]) note("fused out-of-place avg " + std::to_string(i) + " differs from the separate call");
+      }
+      collx::all_reduce(comm, std::span{sep_inplace}, collx::ops::avg{}, collx::algo::ring{});
+      if (sep_inplace != inplace) note("fused in-place avg differs from the separate call");
     };
     CHECK(run_checked<threads>(n, body) == "");
     CHECK(run_checked<processes>(n, body) == "");

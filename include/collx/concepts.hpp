@@ -5,11 +5,13 @@
 //   struct my_policy    { using algorithm_policy_concept = collx::algorithm_policy_tag; ... };
 //   struct my_op        { using reduction_op_concept = collx::reduction_op_tag; E operator()(E, E) const; };
 // Each check_* below turns a failed concept into a static_assert that names what is missing.
+#include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <span>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "schedule.hpp"
 
@@ -39,18 +41,55 @@ struct combiner {
   void operator()(void* dst, const void* left, const void* right, std::size_t n) const { fn(op, dst, left, right, n); }
 };
 
+/// A buffer made of several buffers one after another: a fused batch's parts (fuse.hpp), so its
+/// all-reduces run as one schedule over the user's own memory, with no packing copy. Byte b of
+/// the whole lies at base[k] + (b - at[k]) for the part k with at[k] <= b < at[k + 1]; every part
+/// is a whole number of elements.
+struct pieces {
+  std::vector<std::size_t> at;   // parts + 1 offsets, at[0] = 0, at.back() = the total
+  std::vector<std::byte*> base;  // one per part
+  /// Where byte b is, shortening len to what follows it in its part. `k` is a hint, the part of
+  /// the previous lookup: runs are read in order, so the next part is found by stepping on.
+  std::byte* locate(std::size_t b, std::size_t& len, std::size_t& k) const {
+    if (k >= at.size() - 1 || b < at[k]) k = std::size_t(std::upper_bound(at.begin(), at.end(), b) - at.begin()) - 1;
+    while (at[k + 1] <= b) ++k;
+    len = std::min(len, at[k + 1] - b);
+    return base[k] + (b - at[k]);
+  }
+};
+
+/// An operand of a message: `p`, or, when `of` is set, bytes from `at` on of a pieces buffer.
+/// Transports reach a spread operand only through transport/deliver.hpp (gather, deliver, runs)
+/// and say that they do with `bool takes_pieces() const` (executor.hpp packs for the others).
+struct operand {
+  const pieces* of = nullptr;
+  std::size_t at = 0;
+};
+
+namespace detail {
+/// Whether transport t moves spread operands (else a fused batch packs them: fuse.hpp).
+template <class T>
+bool takes_pieces(const T& t) noexcept {
+  if constexpr (requires { t.takes_pieces(); }) return t.takes_pieces();
+  else return false;
+}
+}  // namespace detail
+
 struct send_desc {
   int peer;
-  const std::byte* data;
+  const std::byte* data;  // nullptr when spread
   std::size_t bytes;
+  operand spread{};
 };
 
 struct recv_desc {
   int peer;
-  std::byte* dst;
+  std::byte* dst;  // nullptr when spread
   std::size_t bytes;
-  const std::byte* with;  // the local operand, or nullptr for a plain copy
+  const std::byte* with;  // the local operand, or nullptr for a plain copy (or when spread)
   combine how;
+  operand dst_spread{}, with_spread{};
+  bool spread() const noexcept { return dst_spread.of != nullptr || with_spread.of != nullptr; }
 };
 
 /// The order rule every transport's progress loop obeys (schedule.hpp): messages to or from one
@@ -66,6 +105,13 @@ bool may_progress(std::span<const Op> ops, const State& st, std::size_t i) {
     if (r.with != nullptr)
       for (std::size_t j = 0; j < i; ++j)
         if (!st[j].done && ops[j].dst < r.with + r.bytes && r.with < ops[j].dst + ops[j].bytes) return false;
+    // Spread operands overlap by their places in the one pieces buffer (a plain operand is
+    // scratch then, never part of it).
+    if (const operand& w = r.with_spread; w.of != nullptr && r.how != combine::copy)
+      for (std::size_t j = 0; j < i; ++j) {
+        const operand& d = ops[j].dst_spread;
+        if (!st[j].done && d.of == w.of && d.at < w.at + r.bytes && w.at < d.at + ops[j].bytes) return false;
+      }
   }
   return true;
 }

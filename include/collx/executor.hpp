@@ -16,6 +16,7 @@
 #include "ops/ops.hpp"
 #include "schedule.hpp"
 #include "signature.hpp"
+#include "transport/deliver.hpp"
 
 /// Argument checks, done before anything is sent: the message is built only on failure, and a
 /// failure fails the communicator for every rank (detail::fail_argument), as any other does.
@@ -89,12 +90,57 @@ void finalize(T& t, E* p, std::size_t count, int n) {
     for (std::size_t i = 0; i < count; ++i) p[i] = Op::finalize(p[i], n);
 }
 
-template <class T, class E, class Op>
-void execute(communicator<T>& comm, const call_info& call, const schedule& s, const E* in, E* out, const Op& op) {
+/// The buffers a schedule runs over (its buf::in and buf::out): two pointers, or, for a fused
+/// batch (fuse.hpp), its parts spread over pieces; `+ n` moves both on by n elements (the
+/// segments of a large call).
+template <class E>
+struct flat_buffers {
+  const E* in;
+  E* out;
+  flat_buffers operator+(std::size_t n) const { return {in + n, out + n}; }
+  bool in_place() const { return in == out; }
+};
+template <class E>
+struct spread_buffers {
+  const pieces* in;
+  const pieces* out;
+  std::size_t at = 0;  // elements
+  spread_buffers operator+(std::size_t n) const { return {in, out, at + n}; }
+  bool in_place() const { return in == out; }
+};
+
+/// Where a region is: a pointer, or a place in pieces.
+struct located {
+  std::byte* p = nullptr;
+  operand spread{};
+};
+
+/// Calls f(dst, src, bytes) for each contiguous run of `bytes` bytes from src to dst.
+template <class F>
+void copy_runs(const located& dst, const located& src, std::size_t bytes, F&& f) {
+  std::size_t dh = SIZE_MAX, sh = SIZE_MAX;
+  for (std::size_t off = 0; off < bytes;) {
+    std::size_t len = bytes - off;
+    std::byte* d = operand_at(dst.p, dst.spread, off, len, dh);
+    const std::byte* s = operand_at(static_cast<const std::byte*>(src.p), src.spread, off, len, sh);
+    f(d, s, len);
+    off += len;
+  }
+}
+
+template <class T, class E, class Op, class Bufs>
+void execute(communicator<T>& comm, const call_info& call, const schedule& s, const Bufs& b, const Op& op) {
   E* tmp = s.tmp_elems() ? reinterpret_cast<E*>(comm.scratch(s.tmp_elems() * sizeof(E))) : nullptr;
-  auto ptr = [&](const region& r) -> std::byte* {
-    E* base = r.b == buf::in ? const_cast<E*>(in) : r.b == buf::out ? out : r.b == buf::tmp ? tmp : nullptr;
-    return base == nullptr ? nullptr : reinterpret_cast<std::byte*>(base + r.offset);
+  auto at = [&](const region& r) -> located {
+    if (r.b == buf::tmp) return {tmp ? reinterpret_cast<std::byte*>(tmp + r.offset) : nullptr, {}};
+    if constexpr (std::is_same_v<Bufs, flat_buffers<E>>) {
+      E* base = r.b == buf::in ? const_cast<E*>(b.in) : r.b == buf::out ? b.out : nullptr;
+      return {base == nullptr ? nullptr : reinterpret_cast<std::byte*>(base + r.offset), {}};
+    } else {
+      const pieces* m = r.b == buf::in ? b.in : r.b == buf::out ? b.out : nullptr;
+      if (m == nullptr) return {};
+      return {nullptr, {m, (b.at + r.offset) * sizeof(E)}};
+    }
   };
   combiner comb;
   if constexpr (!std::is_same_v<Op, no_op>) comb = make_combiner<E>(comm.transport(), op);
@@ -107,27 +153,42 @@ void execute(communicator<T>& comm, const call_info& call, const schedule& s, co
     for (const step& st : s.steps()) {
       for (auto i = st.copies_begin; i < st.copies_end; ++i) {
         const copy_op& c = s.copies()[i];
-        local_copy(comm.transport(), ptr(c.dst), ptr(c.src), c.src.count * sizeof(E));
+        copy_runs(at(c.dst), at(c.src), c.src.count * sizeof(E), [&](std::byte* d, const std::byte* x, std::size_t n) {
+          local_copy(comm.transport(), d, x, n);
+        });
       }
       sends.clear();
       recvs.clear();
       for (auto i = st.sends_begin; i < st.sends_end; ++i) {
         const send_op& o = s.sends()[i];
-        sends.push_back({o.peer, ptr(o.src), o.src.count * sizeof(E)});
+        const located x = at(o.src);
+        sends.push_back({o.peer, x.p, o.src.count * sizeof(E), x.spread});
       }
       for (auto i = st.recvs_begin; i < st.recvs_end; ++i) {
         const recv_op& o = s.recvs()[i];
-        recvs.push_back({o.peer, ptr(o.dst), o.dst.count * sizeof(E), o.how == combine::copy ? nullptr : ptr(o.with), o.how});
+        const located d = at(o.dst);
+        const located w = o.how == combine::copy ? located{} : at(o.with);
+        recvs.push_back({o.peer, d.p, o.dst.count * sizeof(E), w.p, o.how, d.spread, w.spread});
       }
       if (!sends.empty() || !recvs.empty()) comm.transport().exchange(sends, recvs, ctx);
     }
     if constexpr (has_finalize_v<Op, E>) {
-      for (const region& r : s.finals()) finalize<E, Op>(comm.transport(), reinterpret_cast<E*>(ptr(r)), r.count, comm.size());
+      for (const region& r : s.finals()) {
+        const located x = at(r);
+        copy_runs(x, x, r.count * sizeof(E), [&](std::byte* d, const std::byte*, std::size_t n) {
+          finalize<E, Op>(comm.transport(), reinterpret_cast<E*>(d), n / sizeof(E), comm.size());
+        });
+      }
     }
   } catch (const std::exception& e) {
     comm.transport().abort(e.what());
     throw;
   }
+}
+
+template <class T, class E, class Op>
+void execute(communicator<T>& comm, const call_info& call, const schedule& s, const E* in, E* out, const Op& op) {
+  execute<T, E, Op>(comm, call, s, flat_buffers<E>{in, out}, op);
 }
 
 template <class Policy, class Problem, int Variant>
@@ -151,8 +212,15 @@ std::shared_ptr<const schedule> cached(communicator<T>& comm, const Policy& pol,
 
 /// avg's division over out[0, count), once every segment of an all_reduce has run.
 template <class E, class Op, class T>
-void finalize_all(communicator<T>& comm, E* out, std::size_t count) {
-  finalize<E, Op>(comm.transport(), out, count, comm.size());
+void finalize_all(communicator<T>& comm, const flat_buffers<E>& b, std::size_t count) {
+  finalize<E, Op>(comm.transport(), b.out, count, comm.size());
+}
+template <class E, class Op, class T>
+void finalize_all(communicator<T>& comm, const spread_buffers<E>& b, std::size_t count) {
+  const located x{nullptr, {b.out, b.at * sizeof(E)}};
+  copy_runs(x, x, count * sizeof(E), [&](std::byte* d, const std::byte*, std::size_t n) {
+    finalize<E, Op>(comm.transport(), reinterpret_cast<E*>(d), n / sizeof(E), comm.size());
+  });
 }
 
 /// Builds the call_info every collective starts with; the sequence number advances here.

@@ -8,9 +8,11 @@
 //   f.send(std::span{act}, next).recv(std::span{grad}, next);
 //   f.run();                          // or: collx::work w = f.launch(); ... w.wait();
 //
-// - All-reduces of one element type, op and policy (stateless ones: every op and policy collx
-//   has) are packed into one buffer and reduced by one all_reduce: one message per peer per
-//   step, the latency of one call for all of them, then copied back. Packed, each element is
+// - All-reduces of one element type, op and policy (an op without state: every op collx has;
+//   a policy with the same parameters) run as one all_reduce over their buffers where they are
+//   (concepts.hpp: pieces): one message per peer per step, the latency of one call for all of
+//   them, and no copy in or out. Over a transport that cannot move such spread buffers they
+//   are packed into the communicator's pack buffer and copied back. Packed, each element is
 //   reduced as in a call of the packed size (an op that is not associative in floating point may
 //   round differently from the separate calls; integers and exact ops give the same result).
 // - Sends and receives are posted together, in one step: two ranks may send to each other, and a
@@ -95,6 +97,7 @@ class fused {
     auto items = std::move(items_);
     items_.clear();
     packs_.clear();
+    last_ = SIZE_MAX;
     p2p_ = nullptr;
     return detail::submit(*comm_, "fused", [items = std::move(items), c = comm_] {
       for (auto& i : items) i->run(*c);
@@ -125,6 +128,7 @@ class fused {
     Op op;
     Algo algo;
     std::vector<part> parts;
+    pieces spread;  // the parts as one buffer
     pack(Op o, Algo a) : op(o), algo(a) {}
     void run(communicator<T>& c) override {
       if (parts.size() == 1) {
@@ -135,7 +139,24 @@ class fused {
       }
       std::size_t total = 0;
       for (const part& p : parts) total += p.n;
-      // The communicator's pack buffer: reused from call to call, never initialised (a training
+      if (detail::takes_pieces(c.transport())) {
+        // One all_reduce over the parts where they are (concepts.hpp: pieces): in place, each
+        // part's input first copied to its output when they differ.
+        spread.at.assign(1, 0);
+        spread.base.clear();
+        spread.at.reserve(parts.size() + 1);
+        spread.base.reserve(parts.size());
+        for (const part& p : parts) {
+          if (p.in != p.out && p.n != 0) std::memcpy(p.out, p.in, p.n * sizeof(E));
+          spread.base.push_back(reinterpret_cast<std::byte*>(p.out));
+          spread.at.push_back(spread.at.back() + p.n * sizeof(E));
+        }
+        auto call = detail::make_call<E, Op>(c, "all_reduce", Algo::name, total);
+        detail::all_reduce_impl<T, E>(c, call, detail::spread_buffers<E>{&spread, &spread}, total, op, algo);
+        return;
+      }
+      // A transport that cannot move spread buffers: the parts are packed into the
+      // communicator's pack buffer: reused from call to call, never initialised (a training
       // step packs the same shapes every time).
       E* buf = reinterpret_cast<E*>(c.pack_buffer(total * sizeof(E)));
       std::size_t at = 0;
@@ -185,16 +206,31 @@ class fused {
   template <class E, class Op, class Algo>
   fused& add_reduce(const E* in, E* out, std::size_t n, Op op, Algo a) {
     static_assert(detail::check_reducing<E, Op, Algo>());
-    if constexpr (std::is_empty_v<Op> && std::is_empty_v<Algo>) {
+    if constexpr (std::is_empty_v<Op>) {
+      // One pack per element type, op and policy, the policy's parameters included (ring's
+      // chunk size): the key of its schedules (detail/schedule_cache.hpp).
       static constexpr char kind = 0;  // one per <E, Op, Algo>
-      for (auto& [k, p] : packs_)
-        if (k == &kind) {
+      if (last_ < packs_.size() && packs_[last_].first.kind == &kind && std::is_empty_v<Algo>) {  // a run of them
+        static_cast<pack<E, Op, Algo>*>(packs_[last_].second)->parts.push_back({in, out, n});
+        return *this;
+      }
+      detail::schedule_key key;
+      key.kind = &kind;
+      detail::add_fields(key, a);
+      if (last_ < packs_.size() && packs_[last_].first == key) {
+        static_cast<pack<E, Op, Algo>*>(packs_[last_].second)->parts.push_back({in, out, n});
+        return *this;
+      }
+      for (std::size_t i = 0; i < packs_.size(); ++i)
+        if (auto& [k, p] = packs_[i]; k == key) {
+          last_ = i;
           static_cast<pack<E, Op, Algo>*>(p)->parts.push_back({in, out, n});
           return *this;
         }
       auto p = std::make_shared<pack<E, Op, Algo>>(op, a);
       p->parts.push_back({in, out, n});
-      packs_.push_back({&kind, p.get()});
+      packs_.push_back({key, p.get()});
+      last_ = packs_.size() - 1;
       items_.push_back(std::move(p));
     } else {
       auto p = std::make_shared<pack<E, Op, Algo>>(op, a);
@@ -217,7 +253,8 @@ class fused {
 
   communicator<T>* comm_;
   std::vector<std::shared_ptr<item>> items_;
-  std::vector<std::pair<const void*, item*>> packs_;
+  std::vector<std::pair<detail::schedule_key, item*>> packs_;
+  std::size_t last_ = SIZE_MAX;  // the pack added to last (in packs_)
   p2p* p2p_ = nullptr;
 };
 

@@ -10,10 +10,10 @@
 namespace collx {
 
 namespace detail {
-template <class T, class E, class Op, class Algo>
-void all_reduce_impl(communicator<T>& comm, call_info& call, const E* in, E* out, std::size_t count, Op op,
-                     Algo a) {
-  const buf src = in == out ? buf::out : buf::in;
+/// Over two pointers (flat_buffers) or a fused batch's pieces (spread_buffers: fuse.hpp).
+template <class T, class E, class Op, class Algo, class Bufs>
+void all_reduce_impl(communicator<T>& comm, call_info& call, const Bufs& b, std::size_t count, Op op, Algo a) {
+  const buf src = b.in_place() ? buf::out : buf::in;
   with_policy<Op, algo::collective::all_reduce, E>(a, comm, count, call, [&](const auto& pol) {
     using P = std::decay_t<decltype(pol)>;
     static_assert(check_reducing<E, Op, P>());
@@ -24,7 +24,7 @@ void all_reduce_impl(communicator<T>& comm, call_info& call, const E* in, E* out
             x.finalize({buf::out, 0, count});
             return x;
           });
-      execute(comm, call, *s, in, out, op);
+      execute<T, E>(comm, call, *s, b, op);
     } else {
       // Reduce-scatter + all-gather, per segment for a large buffer (algo/compose.hpp): every
       // segment but the last has the same schedule, so two are built, and each segment runs
@@ -37,10 +37,10 @@ void all_reduce_impl(communicator<T>& comm, call_info& call, const E* in, E* out
       const auto full = segment(std::min(seg, count));
       for (std::size_t off = 0; off < count; off += seg) {
         const std::size_t len = std::min(seg, count - off);
-        if (len == std::min(seg, count)) execute(comm, call, *full, in + off, out + off, op);
-        else execute(comm, call, *segment(len), in + off, out + off, op);
+        if (len == std::min(seg, count)) execute<T, E>(comm, call, *full, b + off, op);
+        else execute<T, E>(comm, call, *segment(len), b + off, op);
       }
-      if constexpr (has_finalize_v<Op, E>) finalize_all<E, Op>(comm, out, count);
+      if constexpr (has_finalize_v<Op, E>) finalize_all<E, Op>(comm, b, count);
     }
   });
 }
@@ -56,7 +56,7 @@ void all_reduce(communicator<T>& comm, std::span<const std::type_identity_t<E>> 
   COLLX_REQUIRE(out.size() == in.size(), comm, call,
                   "the output has " + detail::n_elems(out.size()) + " but the input has " + std::to_string(in.size()));
   COLLX_REQUIRE(!detail::partially_overlap(in, out), comm, call, "the input and output overlap");
-  detail::all_reduce_impl(comm, call, in.data(), out.data(), in.size(), op, a);
+  detail::all_reduce_impl<T, E>(comm, call, detail::flat_buffers<E>{in.data(), out.data()}, in.size(), op, a);
 }
 
 /// All-reduce in place.
@@ -66,7 +66,7 @@ void all_reduce(communicator<T>& comm, std::span<E> buf, Op op, Algo a = {}) {
   static_assert(detail::check_reducing<E, Op, Algo>());
   const detail::call_queue::turn turn(detail::queue_of(comm, "all_reduce"));
   auto call = detail::make_call<E, Op>(comm, "all_reduce", Algo::name, buf.size());
-  detail::all_reduce_impl(comm, call, static_cast<const E*>(buf.data()), buf.data(), buf.size(), op, a);
+  detail::all_reduce_impl<T, E>(comm, call, detail::flat_buffers<E>{buf.data(), buf.data()}, buf.size(), op, a);
 }
 
 }  // namespace collx

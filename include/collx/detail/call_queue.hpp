@@ -130,7 +130,9 @@ class call_queue {
     if (!started_) {
       started_ = true;
       worker_ = std::thread([this] { loop(); });
-    } else if (asleep_.load(std::memory_order_seq_cst)) {
+    } else if (asleep_.load(std::memory_order_seq_cst) && asleep_.exchange(false, std::memory_order_seq_cst)) {
+      // One ring per sleep: until the thread runs (it may wait a while for a core), the calls
+      // submitted after this one find the flag down and make no syscall.
       bell_.fetch_add(1, std::memory_order_seq_cst);
       futex_wake_all(bell_, false);
     }

@@ -36,6 +36,7 @@ class any {
   void leave() noexcept { p_->leave(); }
   /// The transport's own name ("inproc", "shm", ...).
   const char* kind() const noexcept { return p_->kind(); }
+  bool takes_pieces() const noexcept { return p_->takes_pieces(); }
   split_offer prepare_split() { return p_->prepare_split(); }
   any split(const split_plan& p, split_offer&& o) const { return any(p_->split(p, std::move(o))); }
 
@@ -48,6 +49,7 @@ class any {
     virtual void abort(const std::string&) noexcept = 0;
     virtual void leave() noexcept = 0;
     virtual const char* kind() const noexcept = 0;
+    virtual bool takes_pieces() const noexcept = 0;
     virtual split_offer prepare_split() = 0;
     virtual std::unique_ptr<iface> split(const split_plan&, split_offer&&) const = 0;
   };
@@ -65,6 +67,7 @@ class any {
       if constexpr (requires { t.leave(); }) t.leave();
     }
     const char* kind() const noexcept override { return T::name; }
+    bool takes_pieces() const noexcept override { return detail::takes_pieces(t); }
     split_offer prepare_split() override {
       if constexpr (requires { t.prepare_split(); }) return t.prepare_split();
       else throw error(errc::invalid_argument, std::string("transport ") + T::name + " cannot split");

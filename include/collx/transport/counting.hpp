@@ -32,6 +32,7 @@ class counting {
 
   int rank() const noexcept { return inner_.rank(); }
   int size() const noexcept { return inner_.size(); }
+  bool takes_pieces() const noexcept { return detail::takes_pieces(inner_); }
 
   void exchange(std::span<const send_desc> s, std::span<const recv_desc> r, const exchange_context& ctx) {
     inner_.exchange(s, r, ctx);

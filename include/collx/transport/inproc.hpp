@@ -45,6 +45,7 @@ class inproc {
   struct message {
     const std::byte* data = nullptr;
     std::size_t bytes = 0;
+    operand spread;      // the sender's buffer when it is spread (its pieces outlive the read)
     call_signature sig;  // by value: peers may inspect it after the sender has unwound
   };
 
@@ -153,6 +154,8 @@ class inproc {
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return g_->size(); }
+  /// Buffers spread over pieces (concepts.hpp) are read and written through deliver.hpp.
+  bool takes_pieces() const noexcept { return true; }
 
   /// Splits (split_plan.hpp): the new communicator's group is made in this process.
   split_offer prepare_split() { return {}; }
@@ -186,7 +189,7 @@ class inproc {
           if (!may_post(i)) continue;
           const std::uint32_t head = ch.posted.load(std::memory_order_relaxed);
           if (head - ch.consumed.load(std::memory_order_acquire) >= kDepth) continue;
-          ch.slots[head % kDepth] = {s.data, s.bytes, call.sig};
+          ch.slots[head % kDepth] = {s.data, s.bytes, s.spread, call.sig};
           ch.posted.store(head + 1, std::memory_order_seq_cst);
           g_->ring(s.peer);
           st.posted = true;
@@ -212,7 +215,7 @@ class inproc {
           ch.reading.store(0, std::memory_order_seq_cst);
           call.fail(errc::peer_lost, "lost " + call.peer(r.peer) + ": it failed: " + g_->why(r.peer));
         }
-        detail::deliver(r, 0, m.data, r.bytes, ctx.comb);
+        detail::deliver_from(r, 0, send_desc{rank_, m.data, m.bytes, m.spread}, r.bytes, ctx.comb);
         ch.consumed.store(tail + 1, std::memory_order_seq_cst);
         ch.reading.store(0, std::memory_order_seq_cst);
         g_->ring(r.peer);

@@ -145,6 +145,8 @@ class shm {
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return n_; }
+  /// Buffers spread over pieces (concepts.hpp) are read and written through deliver.hpp.
+  bool takes_pieces() const noexcept { return true; }
   const std::string& segment() const noexcept { return name_; }
   /// Bytes of the segment this job reserved.
   std::size_t segment_bytes() const noexcept { return bytes_; }
@@ -202,9 +204,9 @@ class shm {
       body.total = d.bytes;
       body.sig_hash = my_hash;
       if (b == kBufInline) {
-        if (nb != 0) std::memcpy(body.inline_data, d.data + st.off, nb);  // a zero-length message has no data pointer
+        detail::gather(body.inline_data, d, st.off, nb);  // a zero-length message has no data pointer
       }
-      else if (nb != 0) std::memcpy(pool_buffer(rank_, b), d.data + st.off, nb);
+      else detail::gather(pool_buffer(rank_, b), d, st.off, nb);
       std::memcpy(&l.body, &body, sizeof body);  // one burst, then seq (see line_body)
       l.seq.store(posted + 1, std::memory_order_release);
       c.posted.store(posted + 1, std::memory_order_relaxed);
@@ -246,7 +248,7 @@ class shm {
           }
           continue;
         }
-        if (!st.started && single_copy && cfg_.single_copy_for(d.bytes, !recvs.empty(), sends.size() > 1, crowded) &&
+        if (!st.started && single_copy && d.spread.of == nullptr && cfg_.single_copy_for(d.bytes, !recvs.empty(), sends.size() > 1, crowded) &&
             first_to(sends, ss_, i)) {
           const std::uint32_t posted = c.posted.load(std::memory_order_relaxed);
           if (!line_room(d.peer, posted)) continue;

@@ -127,6 +127,8 @@ class tcp {
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return n_; }
+  /// Buffers spread over pieces (concepts.hpp) are read and written through deliver.hpp.
+  bool takes_pieces() const noexcept { return true; }
   /// Where peer p is (host:port), for messages and tests.
   std::string peer_address(int p) const { return net_.where(p); }
 

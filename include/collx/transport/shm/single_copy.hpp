@@ -27,7 +27,7 @@ inline void shm::read_remote(channel_ctl& c, const recv_desc& d, std::uint64_t a
       got += std::size_t(k);
     }
   };
-  if (d.how == combine::copy) {
+  if (d.how == combine::copy && !d.spread()) {
     read(d.dst, addr, d.bytes);
   } else {
     const std::size_t piece = std::max(elem, kBounceBytes / elem * elem);

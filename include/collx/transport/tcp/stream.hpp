@@ -99,17 +99,23 @@ class streams {
     }
     auto first_to = [](auto ops, const auto& st, std::size_t i) { return may_progress(ops, st, i); };
 
-    // Writes what it can of the frame `h` + `payload` (`off` bytes of which are written);
-    // true when something was written.
-    auto write_frame = [&](peer& p, int q, const tcp_wire::msg_header& h, const std::byte* payload, std::size_t bytes,
-                           std::size_t& off) {
+    // Writes what it can of the frame `h` + the payload of send d (none for a control frame),
+    // `off` bytes of which are written; true when something was written. The payload goes run
+    // by run of its buffer (a spread one has several: concepts.hpp, pieces).
+    auto write_frame = [&](peer& p, int q, const tcp_wire::msg_header& h, const send_desc* d, std::size_t& off) {
+      constexpr int kRuns = 16;
+      const std::size_t bytes = d ? d->bytes : 0;
       bool wrote = false;
       while (off < sizeof h + bytes) {
-        iovec iov[2];
+        iovec iov[1 + kRuns];
         int k = 0;
         if (off < sizeof h) iov[k++] = {const_cast<char*>(reinterpret_cast<const char*>(&h)) + off, sizeof h - off};
-        const std::size_t poff = off < sizeof h ? 0 : off - sizeof h;
-        if (bytes > poff) iov[k++] = {const_cast<std::byte*>(payload) + poff, bytes - poff};
+        for (std::size_t poff = off < sizeof h ? 0 : off - sizeof h; poff < bytes && k < 1 + kRuns;) {
+          std::size_t len = bytes - poff;
+          const std::byte* at = detail::operand_at(d->data, d->spread, poff, len);
+          iov[k++] = {const_cast<std::byte*>(at), len};
+          poff += len;
+        }
         msghdr m{};
         m.msg_iov = iov;
         m.msg_iovlen = std::size_t(k);
@@ -139,7 +145,7 @@ class streams {
           p.cts_off = 0;
           p.cts_writing = true;
         }
-        wrote = write_frame(p, q, p.cts_h, nullptr, 0, p.cts_off) || wrote;
+        wrote = write_frame(p, q, p.cts_h, nullptr, p.cts_off) || wrote;
         if (p.cts_off < sizeof p.cts_h) break;
         p.cts_writing = false;
         --p.cts_due;
@@ -207,7 +213,7 @@ class streams {
         if (st.phase == send_phase::rts) {
           if (p.mid_send && !st.writing) continue;
           st.writing = true;
-          moved = write_frame(p, d.peer, st.h, nullptr, 0, st.off) || moved;
+          moved = write_frame(p, d.peer, st.h, nullptr, st.off) || moved;
           if (st.off < sizeof st.h) continue;
           st.writing = false;
           st.off = 0;
@@ -225,7 +231,7 @@ class streams {
         if (st.phase == send_phase::data) {
           if (p.mid_send && !st.writing) continue;
           st.writing = true;
-          moved = write_frame(p, d.peer, st.h, d.data, d.bytes, st.off) || moved;
+          moved = write_frame(p, d.peer, st.h, &d, st.off) || moved;
           if (st.off < sizeof st.h + d.bytes) continue;
           st.writing = false;
           st.phase = send_phase::done;
@@ -286,8 +292,8 @@ class streams {
           std::byte* to;
           std::size_t room;
           if (d.how == combine::copy) {
-            to = d.dst + st.off;
             room = d.bytes - st.off;
+            to = detail::recv_target(d, st.off, room);
           } else {
             std::vector<std::byte>& b = bounce_[i];
             to = b.data() + st.fill;
