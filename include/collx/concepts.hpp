@@ -60,7 +60,7 @@ struct pieces {
 
 /// An operand of a message: `p`, or, when `of` is set, bytes from `at` on of a pieces buffer.
 /// Transports reach a spread operand only through transport/deliver.hpp (gather, deliver, runs)
-/// and say that they do with `bool takes_pieces() const` (executor.hpp packs for the others).
+/// and say that they do with `bool takes_pieces() const` (fuse.hpp packs for the others).
 struct operand {
   const pieces* of = nullptr;
   std::size_t at = 0;

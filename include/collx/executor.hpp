@@ -90,13 +90,23 @@ void finalize(T& t, E* p, std::size_t count, int n) {
     for (std::size_t i = 0; i < count; ++i) p[i] = Op::finalize(p[i], n);
 }
 
+/// Where a region is: a pointer, or a place in pieces.
+struct located {
+  std::byte* p = nullptr;
+  operand spread{};
+};
+
 /// The buffers a schedule runs over (its buf::in and buf::out): two pointers, or, for a fused
-/// batch (fuse.hpp), its parts spread over pieces; `+ n` moves both on by n elements (the
-/// segments of a large call).
+/// batch (fuse.hpp), its parts spread over pieces. locate() says where element `off` of one is;
+/// `+ n` moves both on by n elements (the segments of a large call).
 template <class E>
 struct flat_buffers {
   const E* in;
   E* out;
+  located locate(buf b, std::size_t off) const {
+    E* base = b == buf::in ? const_cast<E*>(in) : b == buf::out ? out : nullptr;
+    return {base == nullptr ? nullptr : reinterpret_cast<std::byte*>(base + off), {}};
+  }
   flat_buffers operator+(std::size_t n) const { return {in + n, out + n}; }
   bool in_place() const { return in == out; }
 };
@@ -105,14 +115,12 @@ struct spread_buffers {
   const pieces* in;
   const pieces* out;
   std::size_t at = 0;  // elements
+  located locate(buf b, std::size_t off) const {
+    const pieces* m = b == buf::in ? in : b == buf::out ? out : nullptr;
+    return m == nullptr ? located{} : located{nullptr, {m, (at + off) * sizeof(E)}};
+  }
   spread_buffers operator+(std::size_t n) const { return {in, out, at + n}; }
   bool in_place() const { return in == out; }
-};
-
-/// Where a region is: a pointer, or a place in pieces.
-struct located {
-  std::byte* p = nullptr;
-  operand spread{};
 };
 
 /// Calls f(dst, src, bytes) for each contiguous run of `bytes` bytes from src to dst.
@@ -128,19 +136,20 @@ void copy_runs(const located& dst, const located& src, std::size_t bytes, F&& f)
   }
 }
 
+/// The op's finalize (avg's division) over `count` elements at x.
+template <class E, class Op, class T>
+void finalize_at(communicator<T>& comm, const located& x, std::size_t count) {
+  copy_runs(x, x, count * sizeof(E), [&](std::byte* d, const std::byte*, std::size_t n) {
+    finalize<E, Op>(comm.transport(), reinterpret_cast<E*>(d), n / sizeof(E), comm.size());
+  });
+}
+
 template <class T, class E, class Op, class Bufs>
 void execute(communicator<T>& comm, const call_info& call, const schedule& s, const Bufs& b, const Op& op) {
   E* tmp = s.tmp_elems() ? reinterpret_cast<E*>(comm.scratch(s.tmp_elems() * sizeof(E))) : nullptr;
   auto at = [&](const region& r) -> located {
     if (r.b == buf::tmp) return {tmp ? reinterpret_cast<std::byte*>(tmp + r.offset) : nullptr, {}};
-    if constexpr (std::is_same_v<Bufs, flat_buffers<E>>) {
-      E* base = r.b == buf::in ? const_cast<E*>(b.in) : r.b == buf::out ? b.out : nullptr;
-      return {base == nullptr ? nullptr : reinterpret_cast<std::byte*>(base + r.offset), {}};
-    } else {
-      const pieces* m = r.b == buf::in ? b.in : r.b == buf::out ? b.out : nullptr;
-      if (m == nullptr) return {};
-      return {nullptr, {m, (b.at + r.offset) * sizeof(E)}};
-    }
+    return b.locate(r.b, r.offset);
   };
   combiner comb;
   if constexpr (!std::is_same_v<Op, no_op>) comb = make_combiner<E>(comm.transport(), op);
@@ -173,12 +182,7 @@ void execute(communicator<T>& comm, const call_info& call, const schedule& s, co
       if (!sends.empty() || !recvs.empty()) comm.transport().exchange(sends, recvs, ctx);
     }
     if constexpr (has_finalize_v<Op, E>) {
-      for (const region& r : s.finals()) {
-        const located x = at(r);
-        copy_runs(x, x, r.count * sizeof(E), [&](std::byte* d, const std::byte*, std::size_t n) {
-          finalize<E, Op>(comm.transport(), reinterpret_cast<E*>(d), n / sizeof(E), comm.size());
-        });
-      }
+      for (const region& r : s.finals()) finalize_at<E, Op>(comm, at(r), r.count);
     }
   } catch (const std::exception& e) {
     comm.transport().abort(e.what());
@@ -211,16 +215,9 @@ std::shared_ptr<const schedule> cached(communicator<T>& comm, const Policy& pol,
 }
 
 /// avg's division over out[0, count), once every segment of an all_reduce has run.
-template <class E, class Op, class T>
-void finalize_all(communicator<T>& comm, const flat_buffers<E>& b, std::size_t count) {
-  finalize<E, Op>(comm.transport(), b.out, count, comm.size());
-}
-template <class E, class Op, class T>
-void finalize_all(communicator<T>& comm, const spread_buffers<E>& b, std::size_t count) {
-  const located x{nullptr, {b.out, b.at * sizeof(E)}};
-  copy_runs(x, x, count * sizeof(E), [&](std::byte* d, const std::byte*, std::size_t n) {
-    finalize<E, Op>(comm.transport(), reinterpret_cast<E*>(d), n / sizeof(E), comm.size());
-  });
+template <class E, class Op, class T, class Bufs>
+void finalize_all(communicator<T>& comm, const Bufs& b, std::size_t count) {
+  finalize_at<E, Op>(comm, b.locate(buf::out, 0), count);
 }
 
 /// Builds the call_info every collective starts with; the sequence number advances here.

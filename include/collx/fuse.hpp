@@ -28,6 +28,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <type_traits>
 #include <vector>
@@ -208,30 +209,28 @@ class fused {
     static_assert(detail::check_reducing<E, Op, Algo>());
     if constexpr (std::is_empty_v<Op>) {
       // One pack per element type, op and policy, the policy's parameters included (ring's
-      // chunk size): the key of its schedules (detail/schedule_cache.hpp).
+      // chunk size): the key of its schedules (detail/schedule_cache.hpp). The pack added to
+      // last is looked at first: a batch adds runs of alike calls.
       static constexpr char kind = 0;  // one per <E, Op, Algo>
-      if (last_ < packs_.size() && packs_[last_].first.kind == &kind && std::is_empty_v<Algo>) {  // a run of them
-        static_cast<pack<E, Op, Algo>*>(packs_[last_].second)->parts.push_back({in, out, n});
-        return *this;
-      }
-      detail::schedule_key key;
-      key.kind = &kind;
-      detail::add_fields(key, a);
-      if (last_ < packs_.size() && packs_[last_].first == key) {
-        static_cast<pack<E, Op, Algo>*>(packs_[last_].second)->parts.push_back({in, out, n});
-        return *this;
-      }
-      for (std::size_t i = 0; i < packs_.size(); ++i)
-        if (auto& [k, p] = packs_[i]; k == key) {
-          last_ = i;
-          static_cast<pack<E, Op, Algo>*>(p)->parts.push_back({in, out, n});
-          return *this;
+      std::optional<detail::schedule_key> key;  // built when needed: not for a policy without parameters
+      auto key_of = [&]() -> const detail::schedule_key& {
+        if (!key) {
+          key.emplace().kind = &kind;
+          detail::add_fields(*key, a);
         }
-      auto p = std::make_shared<pack<E, Op, Algo>>(op, a);
-      p->parts.push_back({in, out, n});
-      packs_.push_back({key, p.get()});
-      last_ = packs_.size() - 1;
-      items_.push_back(std::move(p));
+        return *key;
+      };
+      auto alike = [&](const detail::schedule_key& k) { return k.kind == &kind && (std::is_empty_v<Algo> || k == key_of()); };
+      if (last_ >= packs_.size() || !alike(packs_[last_].first)) {
+        last_ = 0;
+        while (last_ < packs_.size() && !alike(packs_[last_].first)) ++last_;
+        if (last_ == packs_.size()) {
+          auto p = std::make_shared<pack<E, Op, Algo>>(op, a);
+          packs_.push_back({key_of(), p.get()});
+          items_.push_back(std::move(p));
+        }
+      }
+      static_cast<pack<E, Op, Algo>*>(packs_[last_].second)->parts.push_back({in, out, n});
     } else {
       auto p = std::make_shared<pack<E, Op, Algo>>(op, a);
       p->parts.push_back({in, out, n});
