@@ -42,7 +42,7 @@ case "${1:-}" in
     ./build-demo/bench/collx-perf --demo --transport tcp    # ranks as processes over TCP sockets
     ;;
   test)
-    need "${base_pkgs[@]}" catch2 libbenchmark-dev openmpi-bin libopenmpi-dev clang libclang-rt-14-dev iproute2
+    need "${base_pkgs[@]}" catch2 libbenchmark-dev openmpi-bin libopenmpi-dev clang libclang-rt-14-dev iproute2 libeigen3-dev
     echo "== release build: the whole suite"
     configure build -DCMAKE_BUILD_TYPE=Release
     cmake --build build -j "$jobs"
@@ -51,12 +51,15 @@ case "${1:-}" in
     # The sanitizer builds use clang: on these headers it compiles a sanitized test ~3.5x faster
     # than g++ (the whole ASan build: ~8 min instead of ~25 on 2 cores), and the release build
     # above already covers g++.
-    configure build-asan -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCOLLX_SANITIZE=address,undefined \
+    # -O1 and line tables only, as the sanitizers' own docs advise: ~15% less compile time than
+    # -O2 -g, and the reports still name file and line.
+    san_flags=(-DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only -DNDEBUG")
+    configure build-asan "${san_flags[@]}" -DCOLLX_SANITIZE=address,undefined \
       -DCOLLX_BUILD_BENCH=OFF -DCOLLX_BUILD_EXAMPLES=OFF
     cmake --build build-asan -j "$jobs"
     ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir build-asan -j "$jobs" --output-on-failure
     echo "== ThreadSanitizer: the thread transport's tests"
-    configure build-tsan -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCOLLX_SANITIZE=thread \
+    configure build-tsan "${san_flags[@]}" -DCOLLX_SANITIZE=thread \
       -DCOLLX_BUILD_BENCH=OFF -DCOLLX_BUILD_EXAMPLES=OFF -DCOLLX_BUILD_TOOLS=OFF
     cmake --build build-tsan -j "$jobs"
     TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan -j "$jobs" --output-on-failure

@@ -95,17 +95,17 @@ class fused {
 
   /// The whole batch as one nonblocking call; the batch is empty again after.
   work launch() {
-    auto items = std::move(items_);
-    items_.clear();
-    packs_.clear();
-    last_ = SIZE_MAX;
-    p2p_ = nullptr;
-    return detail::submit(*comm_, "fused", [items = std::move(items), c = comm_] {
+    return detail::submit(*comm_, "fused", [items = take(), c = comm_] {
       for (auto& i : items) i->run(*c);
     });
   }
-  /// The whole batch, blocking.
-  void run() { launch().wait(); }
+  /// The whole batch as one blocking call, in its turn on this thread (as every blocking call:
+  /// no hand-off to the progress thread, which is not even started); empty again after.
+  void run() {
+    const detail::call_queue::turn turn(detail::queue_of(*comm_, "fused"));
+    const auto items = take();
+    for (auto& i : items) i->run(*comm_);
+  }
 
   std::size_t size() const noexcept { return items_.size(); }
 
@@ -248,6 +248,16 @@ class fused {
     p2p_->msgs.push_back({peer, src, dst, bytes});
     p2p_->elem = p2p_->elem == 0 || p2p_->elem == elem ? elem : 1;
     return *this;
+  }
+
+  /// The batch's calls, leaving it empty.
+  std::vector<std::shared_ptr<item>> take() {
+    auto items = std::move(items_);
+    items_.clear();
+    packs_.clear();
+    last_ = SIZE_MAX;
+    p2p_ = nullptr;
+    return items;
   }
 
   communicator<T>* comm_;
