@@ -183,6 +183,7 @@ struct formula {
   int rank = 0;         // for one_rank
   bool received = false;  // the count is of bytes received, not sent
   bool pow2_only = false;  // the byte formula holds for N a power of two
+  int segments = 1;        // the buffer's blocks are rounded once per segment
 };
 
 int tree_height(int n) {  // the taller of the double binary tree's two trees
@@ -209,10 +210,22 @@ formula textbook(const Algo&, const config& cfg) {
   const std::string lgs = pow2 ? "log2 N" : "log2 p + 2";  // recursive halving's steps per phase
   const int lgv = pow2 ? lgp : lgp + 2;
   const int chain_chunks = algo::chunks(cfg.bytes / elem, elem, algo::tuning::pipeline_chunk_bytes).parts;
+  // A composed all_reduce (reduce-scatter then all-gather, algo/compose.hpp) of a large buffer
+  // runs in segments, one after another: the textbook's steps, once per segment.
+  const std::size_t seg = algo::tuning::all_reduce_segment(cfg.bytes / elem, elem);
+  const int segments = int((cfg.bytes / elem + seg - 1) / std::max<std::size_t>(seg, 1));
+  auto per_segment = [&](formula f) {
+    if (cfg.c != coll::all_reduce || segments <= 1) return f;
+    f.steps_text = std::to_string(segments) + " segments of " + std::to_string((seg * elem) >> 10) + " KiB x " +
+                   (f.steps_text.find(' ') == std::string::npos && f.steps_text.front() != '(' ? f.steps_text : "(" + f.steps_text + ")");
+    f.steps *= segments;
+    f.segments = segments;
+    return f;
+  };
   const std::string C = "C = " + std::to_string(chain_chunks) + " chunks of 256 KiB";
   if constexpr (std::is_same_v<Algo, algo::ring>) {
     switch (cfg.c) {
-      case coll::all_reduce: return {"2(N-1)", 2 * (n - 1), "2(N-1)/N·D", 2 * share, W::each};
+      case coll::all_reduce: return per_segment({"2(N-1)", 2 * (n - 1), "2(N-1)/N·D", 2 * share, W::each});
       case coll::reduce_scatter:
       case coll::all_gather: return {"N-1", n - 1, "(N-1)/N·D", share, W::each};
       case coll::broadcast:
@@ -255,17 +268,16 @@ formula textbook(const Algo&, const config& cfg) {
     switch (cfg.c) {
       case coll::all_reduce:
         if (!cfg.commutative)
-          return {"2(" + lgs + ")", 2 * lgv, "log2 p·D + (N-1)/N·D (doubling on whole vectors, then all-gather)" + note,
-                  lgp * D + share, W::max};
-        return {"2(" + lgs + ")", 2 * lgv, "2(N-1)/N·D" + note, 2 * share, W::max};
+          return per_segment({"2(" + lgs + ")", 2 * lgv, "log2 p·D + (N-1)/N·D (doubling on whole vectors, then all-gather)" + note,
+                              lgp * D + share, W::max});
+        return per_segment({"2(" + lgs + ")", 2 * lgv, "2(N-1)/N·D" + note, 2 * share, W::max});
       case coll::reduce_scatter:
         if (!cfg.commutative) return {lgs, lgv, "log2 p·D (doubling on whole vectors)" + note, lgp * D, W::max};
         return {lgs, lgv, "(N-1)/N·D" + note, share, W::max};
       case coll::all_gather: return {lgs, lgv, "(N-1)/N·D" + note, share, W::max};
       case coll::broadcast:
-        // The scatter's last time slot only copies (in place: nothing), so the all-gather starts a
-        // slot later on the timeline: ceil(log2 N) + 1 + (steps of the all-gather).
-        return {"ceil(log2 N)+1+(" + lgs + "): binomial scatter, then all-gather", lg + 1 + lgv,
+        // ceil(log2 N) steps of binomial scatter, then the all-gather's.
+        return {"ceil(log2 N)+(" + lgs + "): binomial scatter, then all-gather", lg + lgv,
                 "2(N-1)/N·D by the root" + note, 2 * share, W::one_rank, cfg.root};
       case coll::reduce:
         return {"(" + lgs + ")+1: reduce-scatter, then every block straight to the root", lgv + 1,
@@ -374,7 +386,7 @@ bool print_policy(const Algo& a, const config& cfg) {
     case coll::all_gather: nm = {k, k * std::size_t(n), partition(k * std::size_t(n), n), std::nullopt, 1, std::nullopt, 0}; break;
     case coll::all_to_all: nm = {k * std::size_t(n), k * std::size_t(n), partition(k * std::size_t(n), n), std::nullopt, 1, std::nullopt, 0}; break;
     case coll::all_reduce:
-      if (ag_shift < 0) {  // the double binary tree: name halves and chunks as tree.hpp cuts them
+      if (ag_shift < 0 && std::is_same_v<Algo, algo::tree>) {  // the double binary tree: name halves and chunks as tree.hpp cuts them
         const partition halves(D, cfg.commutative ? 2 : 1);
         nm.halves = halves;
         nm.chunks_per_half = algo::chunks(halves.count(0), elem, algo::tuning::pipeline_chunk_bytes).parts;
@@ -395,6 +407,14 @@ bool print_policy(const Algo& a, const config& cfg) {
     std::printf("   half A (elements [0, %zu)) goes through tree A, half B through tree B, at once\n", nm.halves->count(0));
   if (nm.halves && nm.halves->parts == 1)
     std::printf("   all of the buffer goes through tree A, whose subtrees are ranges of consecutive ranks\n");
+  if (std::is_same_v<Algo, algo::recursive_doubling> && cfg.c == coll::all_reduce) {
+    const int p = algo::floor_pow2(n);
+    std::printf("   at step k each of the p = %d ranks taking part exchanges its whole vector with the one 2^k away\n"
+                "   (among them) and reduces: log2 p = %d steps", p, algo::ceil_log2(p));
+    if (p != n) std::printf(";\n   N = %d is not a power of two: ranks 0..%d first fold in pairs (the even one sends to the odd,\n"
+                            "   which takes part), and the result goes back to the even ones at the end", n, 2 * (n - p) - 1);
+    std::printf("\n");
+  }
 
   // The table: one line per operation, by step time and rank. A step's local copies run before its
   // messages; a step with only copies is merged into the next.
@@ -501,7 +521,7 @@ bool print_policy(const Algo& a, const config& cfg) {
               f.pow2_only ? " (for N a power of two; here the first 2(N-p) ranks fold in pairs, which moves up to D\n"
                             "   more on them: see docs/algorithms.md)"
               : diff == 0                                  ? " (matches)"
-              : std::abs(diff) <= double(2 * n * int(elem)) ? " (matches up to partition rounding)"
+              : std::abs(diff) <= double(2 * n * int(elem) * f.segments) ? " (matches up to partition rounding)"
                                                            : " (differs)");
   print_model_lines(cost, cfg);
 
