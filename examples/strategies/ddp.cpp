@@ -24,7 +24,7 @@ constexpr const char* kUsage =
 struct setup {
   mlp net;
   int batch;  // per rank
-  double lr = 0.05;
+  double lr = 0.01;
   std::size_t cap;
 };
 

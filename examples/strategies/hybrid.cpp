@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const int slow = c.get("slow-rank", -1);
-  const double slow_ms = c.getf("slow-ms", 20);
+  const double slow_ms = c.getf("slow-ms", 100);
   shape sh;
   sh.h = 32;
   sh.f = 128;
