@@ -156,8 +156,17 @@ TEST_CASE("blocking and nonblocking calls complete in the order issued", "[async
           // the order they ran in.
           std::vector<long> v(5, 1);
           std::vector<collx::work> ws;
+          // A fused batch's run() is a blocking call (it runs the queued calls first), also when
+          // run inside a nonblocking call.
+          auto fused_sum = [&v](auto& c) {
+            collx::fused f(c);
+            f.all_reduce(std::span{v}, collx::ops::sum{});
+            f.run();
+          };
           for (int i = 0; i < 10; ++i) {
             if (i % 3 == 2) collx::all_reduce(comm, std::span{v}, collx::ops::sum{});
+            else if (i == 4) fused_sum(comm);
+            else if (i == 7) ws.push_back(collx::async::run(comm, fused_sum));
             else ws.push_back(collx::async::all_reduce(comm, std::span{v}, collx::ops::sum{}));
           }
           for (auto& w : ws) w.wait();

@@ -105,6 +105,7 @@ struct ledger {
   struct row {
     std::uint64_t calls = 0, elems = 0, bytes = 0;
     double seconds = 0;
+    std::uint64_t sent = 0;  // measured: what the transport sent during these calls (blocking ones)
   };
   std::string group;
   std::map<std::string, row> rows;
@@ -128,6 +129,21 @@ struct ledger {
     r.seconds += seconds;
   }
   void add_time(const std::string& kind, double seconds) { rows[kind].seconds += seconds; }
+  /// The measured bytes of the calls of one kind.
+  std::uint64_t sent_by(const std::string& kind) const {
+    auto it = rows.find(kind);
+    return it == rows.end() ? 0 : it->second.sent;
+  }
+  /// Throws unless `got` (measured) is `want` (a formula) within `slack` bytes.
+  static void expect(double got, double want, double slack, const std::string& what) {
+    if (std::abs(got - want) > slack)
+      throw std::runtime_error(what + ": sent " + std::to_string(got) + " B, the formula says " + std::to_string(want) + " B");
+  }
+  double seconds() const {
+    double t = 0;
+    for (auto& [k, r] : rows) t += r.seconds;
+    return t;
+  }
   std::uint64_t total_bytes() const {
     std::uint64_t b = 0;
     for (auto& [k, r] : rows) b += r.bytes;
@@ -136,8 +152,9 @@ struct ledger {
 
   void print() const {
     for (auto& [k, r] : rows)
-      std::printf("    %-6s %-28s %4llu calls %10llu elems %11s  %8.3f ms\n", group.c_str(), k.c_str(),
-                  (unsigned long long)r.calls, (unsigned long long)r.elems, human(double(r.bytes)).c_str(), r.seconds * 1e3);
+      std::printf("    %-6s %-28s %4llu calls %10llu elems %11s  %8.3f ms%s\n", group.c_str(), k.c_str(),
+                  (unsigned long long)r.calls, (unsigned long long)r.elems, human(double(r.bytes)).c_str(), r.seconds * 1e3,
+                  r.sent ? ("  sent " + human(double(r.sent))).c_str() : "");
     std::printf("    %-6s %-28s %49s sent by this rank (measured)\n", group.c_str(), "", human(double(sent)).c_str());
   }
   static std::string human(double b) {
@@ -155,6 +172,13 @@ void timed(ledger& l, const std::string& kind, std::uint64_t elems, std::size_t 
   const auto t0 = clk::now();
   f();
   l.add(kind, elems, elem_size, std::chrono::duration<double>(clk::now() - t0).count());
+}
+/// The same, over `comm`: also what its transport sent during the call (a blocking one).
+template <class C, class F>
+void timed(ledger& l, C& comm, const std::string& kind, std::uint64_t elems, std::size_t elem_size, F&& f) {
+  const std::uint64_t before = comm.transport().counts().bytes_sent;
+  timed(l, kind, elems, elem_size, std::forward<F>(f));
+  l.rows[kind].sent += comm.transport().counts().bytes_sent - before;
 }
 /// Times f() (a wait) and adds it to `kind`'s time.
 template <class F>
@@ -260,6 +284,31 @@ double loss_grad(const mat<S>& y, const mat<S>& t, std::size_t global, mat<S>& d
   return double((y - t).squaredNorm()) / (2.0 * double(global));
 }
 
+/// The same SGD training on one process: `steps` steps of the whole batch of `global` samples
+/// (step k's samples from k * global on) through the whole model; returns the parameters.
+inline std::vector<double> one_process_sgd(const mlp& m, int steps, std::size_t global, double lr) {
+  std::vector<double> p = init_params(m), g(m.size());
+  for (int step = 0; step < steps; ++step) {
+    std::vector<mat<double>> h(m.layers() + 1);
+    h[0] = inputs<double>(std::size_t(step) * global, global, m.dims[0]);
+    for (int l = 0; l < m.layers(); ++l) m.forward(l, p.data() + m.offset(l), h[l], h[l + 1]);
+    mat<double> dy, dx;
+    loss_grad<double>(h.back(), targets<double>(h[0], m.dims.back()), global, dy);
+    for (int l = m.layers(); l-- > 0;) {
+      m.backward(l, p.data() + m.offset(l), h[l], h[l + 1], dy, g.data() + m.offset(l), dx);
+      dy.swap(dx);
+    }
+    for (std::size_t k = 0; k < p.size(); ++k) p[k] -= lr * g[k];
+  }
+  return p;
+}
+
+/// The tolerance of a result that differs from one process only in the order of its sums: each
+/// sum of n terms is off by at most gamma_n ~ n u relative to the sum of its terms' magnitudes
+/// (Higham), u = 2^-53 in fp64; `sums` such sums in a row (steps x layers), with a factor 8 for
+/// how one step's difference carries into the next.
+inline double order_tolerance(double n, double sums) { return 8.0 * sums * n * std::ldexp(1.0, -53); }
+
 // ---- the check --------------------------------------------------------------------------------
 
 /// The largest difference between a distributed result and the single-process one, relative to
@@ -267,10 +316,11 @@ double loss_grad(const mat<S>& y, const mat<S>& t, std::size_t global, mat<S>& d
 struct match {
   double diff = 0, scale = 0, tol = 0;
   void add(double got, double want) {
-    diff = std::max(diff, std::abs(got - want));
+    // A run that diverged (inf, NaN) is a mismatch, not a difference that max() would drop.
+    diff = std::isfinite(got) && std::isfinite(want) ? std::max(diff, std::abs(got - want)) : INFINITY;
     scale = std::max(scale, std::abs(want));
   }
-  double rel() const { return scale == 0 ? diff : diff / scale; }
+  double rel() const { return scale == 0 || !std::isfinite(diff) ? diff : diff / scale; }
   bool ok() const { return rel() <= tol; }
 };
 

@@ -25,6 +25,12 @@ namespace {
 using namespace strategies;
 using namespace strategies::megatron;
 
+std::uint64_t elems_of(const ledger& l) {
+  std::uint64_t e = 0;
+  for (auto& [k, x] : l.rows) e += x.elems;
+  return e;
+}
+
 std::vector<int> parse_mesh(const std::string& s) {
   std::vector<int> d;
   std::size_t at = 0;
@@ -49,11 +55,12 @@ int main(int argc, char** argv) {
   }
   const int slow = c.get("slow-rank", -1);
   const double slow_ms = c.getf("slow-ms", 100);
-  shape sh;
-  sh.h = 32;
-  sh.f = 128;
-  sh.tokens_per_rank = 16;  // tokens per data-parallel replica
+  shape base;
+  base.h = 32;
+  base.f = 128;
+  base.tokens_per_rank = 16;  // tokens per data-parallel replica
   return launch(c, [&](comm_t& world) {
+    shape sh = base;  // each rank's own (the ranks may be threads)
     const int r = world.rank();
     const bool has_pp = dims.size() == 3;
     const std::vector<std::string> names = has_pp ? std::vector<std::string>{"dp", "pp", "tp"} : std::vector<std::string>{"dp", "tp"};
@@ -108,16 +115,16 @@ int main(int argc, char** argv) {
       const M X0 = inputs<S>((std::size_t(step) * D + std::size_t(dp.rank())) * s, s, sh.h);
       M X = X0;
       if (stage > 0) {
-        timed(led_pp, "recv activation", std::uint64_t(X.size()), sizeof(S),
+        timed(led_pp, *pp, "recv activation", std::uint64_t(X.size()), sizeof(S),
               [&] { collx::recv(*pp, std::span<S>(X.data(), std::size_t(X.size())), stage - 1); });
       }
       std::vector<saved> sv(bps);
       for (int l = 0; l < bps; ++l) X = tp_forward(&tp, led_tp, bl[l], X, sv[l]);
       M d(s, sh.h);
       if (stage + 1 < P) {
-        timed(led_pp, "send activation", std::uint64_t(X.size()), sizeof(S),
+        timed(led_pp, *pp, "send activation", std::uint64_t(X.size()), sizeof(S),
               [&] { collx::send(*pp, std::span<const S>(X.data(), std::size_t(X.size())), stage + 1); });
-        timed(led_pp, "recv gradient", std::uint64_t(d.size()), sizeof(S),
+        timed(led_pp, *pp, "recv gradient", std::uint64_t(d.size()), sizeof(S),
               [&] { collx::recv(*pp, std::span<S>(d.data(), std::size_t(d.size())), stage + 1); });
       } else {
         loss_grad<S>(X, targets<S>(X0, sh.h), std::size_t(s), d);  // the replica's mean; dp averages
@@ -125,39 +132,38 @@ int main(int argc, char** argv) {
       std::vector<grads> g(bps);
       for (int l = bps; l-- > 0;) d = tp_backward(&tp, led_tp, bl[l], sv[l], d, g[l]);
       if (stage > 0)
-        timed(led_pp, "send gradient", std::uint64_t(d.size()), sizeof(S),
+        timed(led_pp, *pp, "send gradient", std::uint64_t(d.size()), sizeof(S),
               [&] { collx::send(*pp, std::span<const S>(d.data(), std::size_t(d.size())), stage - 1); });
-      // The shard's gradients, averaged over the replicas: one all_reduce of them all.
-      std::vector<S> flat;
-      for (auto& x : g)
-        for (const auto* m : {&x.A, &x.B}) flat.insert(flat.end(), m->data(), m->data() + m->size());
-      for (auto& x : g)
-        for (const auto* v : {&x.a, &x.b}) flat.insert(flat.end(), v->data(), v->data() + v->size());
-      timed(led_dp, "all_reduce(avg) grads", flat.size(), sizeof(S),
-            [&] { collx::all_reduce(dp, std::span<S>(flat), collx::ops::avg{}, collx::algo::ring{}); });
-      std::size_t at = 0;
-      for (auto& x : g)
-        for (auto* m : {&x.A, &x.B}) {
-          std::memcpy(m->data(), flat.data() + at, std::size_t(m->size()) * sizeof(S));
-          at += std::size_t(m->size());
-        }
-      for (auto& x : g)
-        for (auto* v : {&x.a, &x.b}) {
-          std::memcpy(v->data(), flat.data() + at, std::size_t(v->size()) * sizeof(S));
-          at += std::size_t(v->size());
-        }
+      // The shard's gradients, averaged over the replicas: one fused batch, run as one
+      // all_reduce over them where they are.
+      collx::fused f(dp);
+      std::uint64_t elems = 0;
+      auto add = [&](S* p, Eigen::Index n) {
+        f.all_reduce(std::span<S>(p, std::size_t(n)), collx::ops::avg{}, collx::algo::ring{});
+        elems += std::uint64_t(n);
+      };
+      for (auto& x : g) {
+        add(x.A.data(), x.A.size());
+        add(x.B.data(), x.B.size());
+        add(x.a.data(), x.a.size());
+        add(x.b.data(), x.b.size());
+      }
+      timed(led_dp, dp, "all_reduce(avg) grads, fused", elems, sizeof(S), [&] { f.run(); });
       for (int l = 0; l < bps; ++l) sgd(bl[l], g[l], sh.lr);
       led_dp.stop(dp);
       led_tp.stop(tp);
       if (pp) led_pp.stop(*pp);
-      auto total = [](const ledger& l) {
-        double t = 0;
-        for (auto& [k, x] : l.rows) t += x.seconds;
-        return t;
-      };
-      wait_dp += total(led_dp);
-      wait_tp += total(led_tp);
-      wait_pp += total(led_pp);
+      // What each group's transport sent, against the ring's volume and the messages' sizes.
+      const std::string who = "hybrid: rank " + std::to_string(r);
+      for (const char* k : {"all_reduce Y (g)", "all_reduce dX (f)"})
+        ledger::expect(double(led_tp.sent_by(k)), 2.0 * (T - 1) / T * double(led_tp.rows[k].bytes), 2.0 * T * sizeof(S), who + " " + k);
+      ledger::expect(double(led_dp.sent_by("all_reduce(avg) grads, fused")), 2.0 * (D - 1) / D * double(elems_of(led_dp)) * sizeof(S),
+                     2.0 * D * sizeof(S), who + " dp");
+      for (const char* k : {"send activation", "send gradient"})
+        ledger::expect(double(led_pp.sent_by(k)), double(led_pp.rows[k].bytes), 0, who + " " + k);
+      wait_dp += led_dp.seconds();
+      wait_tp += led_tp.seconds();
+      wait_pp += led_pp.seconds();
     }
     if (r == 0) {
       std::printf("one step's collectives, rank 0's groups:\n");

@@ -14,11 +14,12 @@
 // - sp: the activations outside the split (the residual stream X) are split along the sequence
 //   instead of replicated: rank i holds s/t of the rows. The block all-gathers X before A
 //   (Megatron-SP's g) and reduce-scatters after B (its g-bar); backward does the reverse: an
-//   all_gather of the output's gradient, a reduce_scatter of the input's. The same bytes as tp's
-//   two all_reduces (an all_reduce is a reduce-scatter then an all-gather), and the replicated
-//   s x h activations drop to s/t x h per rank. The input X is all-gathered once more in backward
-//   (for A's gradient) rather than kept whole, as Megatron-SP does; the bias b, applied to the
-//   rank's rows only, has its gradient summed over the group (an all_reduce of h).
+//   all_gather of the output's gradient, a reduce_scatter of the input's. These four move the
+//   bytes of tp's two all_reduces (an all_reduce is a reduce-scatter then an all-gather), and the
+//   replicated s x h activations drop to s/t x h per rank. On top of them, the input X is
+//   all-gathered once more in backward (for A's gradient) rather than kept whole, as Megatron-SP
+//   does, and the bias b, applied to the rank's rows only, has its gradient summed over the
+//   group (an all_reduce of h).
 #include "common.hpp"
 
 namespace strategies::megatron {
@@ -93,7 +94,7 @@ inline M tp_forward(comm_t* tp, ledger& led, const block& k, const M& X, saved& 
   sv.Z = sv.U.unaryExpr([](double x) { return gelu(x); });
   M Y = sv.Z * k.B;
   if (tp != nullptr)
-    timed(led, "all_reduce Y (g)", std::uint64_t(Y.size()), sizeof(S),
+    timed(led, *tp, "all_reduce Y (g)", std::uint64_t(Y.size()), sizeof(S),
           [&] { collx::all_reduce(*tp, std::span<S>(Y.data(), std::size_t(Y.size())), collx::ops::sum{}, ring{}); });
   Y.rowwise() += k.b.transpose();
   return X + Y;
@@ -109,7 +110,7 @@ inline M tp_backward(comm_t* tp, ledger& led, const block& k, const saved& sv, c
   g.a = dU.colwise().sum().transpose();
   M dX = dU * k.A.transpose();
   if (tp != nullptr)
-    timed(led, "all_reduce dX (f)", std::uint64_t(dX.size()), sizeof(S),
+    timed(led, *tp, "all_reduce dX (f)", std::uint64_t(dX.size()), sizeof(S),
           [&] { collx::all_reduce(*tp, std::span<S>(dX.data(), std::size_t(dX.size())), collx::ops::sum{}, ring{}); });
   return d + dX;
 }
@@ -157,17 +158,17 @@ inline outcome train(comm_t& tp, const shape& sh, mode md, int steps) {
     for (int l = 0; l < sh.layers; ++l) Bfull.push_back(init_block(sh, l, 0, sh.f).B);
   ledger& led = o.led;
   auto ar = [&](M& x, const char* kind) {
-    timed(led, kind, std::uint64_t(x.size()), sizeof(S), [&] { collx::all_reduce(tp, std::span<S>(x.data(), x.size()), collx::ops::sum{}, ring{}); });
+    timed(led, tp, kind, std::uint64_t(x.size()), sizeof(S), [&] { collx::all_reduce(tp, std::span<S>(x.data(), x.size()), collx::ops::sum{}, ring{}); });
   };
   auto ag_rows = [&](const M& part, M& whole, const char* kind) {  // along the sequence: rows
     whole.resize(part.rows() * t, part.cols());
-    timed(led, kind, std::uint64_t(whole.size()), sizeof(S), [&] {
+    timed(led, tp, kind, std::uint64_t(whole.size()), sizeof(S), [&] {
       collx::all_gather(tp, std::span<const S>(part.data(), part.size()), std::span<S>(whole.data(), whole.size()), ring{});
     });
   };
   auto rs_rows = [&](const M& whole, M& part, const char* kind) {
     part.resize(whole.rows() / t, whole.cols());
-    timed(led, kind, std::uint64_t(whole.size()), sizeof(S), [&] {
+    timed(led, tp, kind, std::uint64_t(whole.size()), sizeof(S), [&] {
       collx::reduce_scatter(tp, std::span<const S>(whole.data(), whole.size()), std::span<S>(part.data(), part.size()),
                             collx::ops::sum{}, ring{});
     });
@@ -215,7 +216,7 @@ inline outcome train(comm_t& tp, const shape& sh, mode md, int steps) {
         M Zp = M::Zero(s, fmax);
         Zp.leftCols(fc) = Z[l];
         Zall[l].resize(std::ptrdiff_t(s) * t, fmax);
-        timed(led, "all_gather Z", std::uint64_t(Zall[l].size()), sizeof(S), [&] {
+        timed(led, tp, "all_gather Z", std::uint64_t(Zall[l].size()), sizeof(S), [&] {
           collx::all_gather(tp, std::span<const S>(Zp.data(), Zp.size()), std::span<S>(Zall[l].data(), Zall[l].size()), ring{});
         });
         Y = M::Zero(s, h);
@@ -240,7 +241,7 @@ inline outcome train(comm_t& tp, const shape& sh, mode md, int steps) {
       vec<S> gb = d.colwise().sum().transpose();
       M dfull;  // the output's gradient over all s rows
       if (md == mode::sp) {
-        timed(led, "all_reduce grad b", std::uint64_t(gb.size()), sizeof(S),
+        timed(led, tp, "all_reduce grad b", std::uint64_t(gb.size()), sizeof(S),
               [&] { collx::all_reduce(tp, std::span<S>(gb.data(), gb.size()), collx::ops::sum{}, ring{}); });
         ag_rows(d, dfull, "all_gather dY (g-bar')");
       } else {
@@ -322,7 +323,7 @@ inline shape shape_of(const cli& c) {
 /// tokens) is taken in another order than on one process: gamma_(s + f) ~ (s + f) u per step and
 /// block, with a factor 8 for how it carries on.
 inline double tolerance(const shape& sh, int t, int steps) {
-  return 8.0 * steps * sh.layers * double(sh.tokens_per_rank * t + sh.f) * std::ldexp(1.0, -53);
+  return order_tolerance(double(sh.tokens_per_rank * t + sh.f), double(steps) * sh.layers);
 }
 
 /// Megatron's count: per block and step, tp makes 2 all_reduces of s x h (one forward, one
@@ -360,8 +361,7 @@ inline void print_and_check(const outcome& o, const shape& sh, mode md, int t, b
   for (const want& x : w) want_sent += (std::string(x.kind).rfind("all_reduce", 0) == 0 ? 2.0 : 1.0) * double(t - 1) / t * double(x.elems) * sizeof(S);
   const double slack = md == mode::sp ? 2.0 * double(L) * double(sh.h / t + 1) * sizeof(S) : 0.5;
   if (print) std::printf("    bytes sent by this rank: ring formula %s, measured %s\n", ledger::human(want_sent).c_str(), ledger::human(double(o.led.sent)).c_str());
-  if (std::abs(double(o.led.sent) - want_sent) > slack)
-    throw std::runtime_error(std::string(name(md)) + ": sent " + std::to_string(o.led.sent) + " B, the ring's formula says " + std::to_string(want_sent));
+  ledger::expect(double(o.led.sent), want_sent, slack, name(md));
 }
 
 }  // namespace strategies::megatron

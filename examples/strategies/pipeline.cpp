@@ -24,6 +24,7 @@ namespace {
 
 using namespace strategies;
 using S = double;
+constexpr double kLr = 0.05;
 
 struct op {
   bool fwd;
@@ -87,17 +88,19 @@ stats run_step(comm_t& pp, const mlp& net, int lps, const std::vector<S>& p, std
   auto exchange = [&](int k) {
     collx::fused f(pp);
     bool any = false;
-    const char* what = nullptr;
+    std::uint64_t posted = 0;  // bytes this rank sends in the step
     if (k > 0) {
       const op& o = ops[std::size_t(k - 1)];
       if (o.fwd && s + 1 < P) {
         out_buf[o.mb].back() = clock;
         f.send(std::span<S>(out_buf[o.mb]), s + 1);
+        posted += out_buf[o.mb].size() * sizeof(S);
         led.add("send activation", out_buf[o.mb].size() - 1, sizeof(S));
         any = true;
       } else if (!o.fwd && s > 0) {
         gin_buf[o.mb].back() = clock;
         f.send(std::span<S>(gin_buf[o.mb]), s - 1);
+        posted += gin_buf[o.mb].size() * sizeof(S);
         led.add("send gradient", gin_buf[o.mb].size() - 1, sizeof(S));
         any = true;
       }
@@ -117,9 +120,12 @@ stats run_step(comm_t& pp, const mlp& net, int lps, const std::vector<S>& p, std
         recv_mb = o.mb;
       }
     }
-    (void)what;
     if (!any && recv_mb < 0) return;
+    const std::uint64_t before = pp.transport().counts().bytes_sent;
     waited(led, "(time in the fused steps)", [&] { f.run(); });
+    // What the transport sent is what was posted (each message: its data and the clock).
+    ledger::expect(double(pp.transport().counts().bytes_sent - before), double(posted), 0,
+                   "pipeline: stage " + std::to_string(s) + "'s step " + std::to_string(k));
     if (recv_mb >= 0) arrived(recv_fwd ? act_buf[recv_mb] : gout_buf[recv_mb]);
   };
   for (int k = 0; k <= int(ops.size()); ++k) {
@@ -206,7 +212,7 @@ int main(int argc, char** argv) {
         st.wall_total = std::chrono::duration<double>(clk::now() - t0).count();
         led.stop(pp);
         // Every stage updates its own layers (g is zero elsewhere).
-        for (std::size_t k = 0; k < p.size(); ++k) p[k] -= 0.05 * g[k];
+        for (std::size_t k = 0; k < p.size(); ++k) p[k] -= kLr * g[k];
       }
       // The makespan is the last stage's clock; the bubble of a stage is what it did not compute.
       double v[2] = {st.logical_end, st.wall_total};
@@ -234,25 +240,12 @@ int main(int argc, char** argv) {
         throw std::runtime_error("pipeline " + kind + ": stage " + std::to_string(s) + " held " + std::to_string(st.peak_held) +
                                  " micro-batches, not " + std::to_string(want_held));
       // Against one process: the whole batch through the whole model, the same SGD steps.
-      std::vector<S> q = init_params(net), gq(net.size());
-      for (int step = 0; step < c.steps; ++step) {
-        const std::size_t global = std::size_t(m) * mb;
-        std::vector<mat<S>> h(net.layers() + 1);
-        h[0] = inputs<S>(std::size_t(step) * global, global, net.dims[0]);
-        for (int l = 0; l < net.layers(); ++l) net.forward(l, q.data() + net.offset(l), h[l], h[l + 1]);
-        mat<S> dy, dx;
-        loss_grad<S>(h.back(), targets<S>(h[0], net.dims.back()), global, dy);
-        for (int l = net.layers(); l-- > 0;) {
-          net.backward(l, q.data() + net.offset(l), h[l], h[l + 1], dy, gq.data() + net.offset(l), dx);
-          dy.swap(dx);
-        }
-        for (std::size_t k = 0; k < q.size(); ++k) q[k] -= 0.05 * gq[k];
-      }
+      const std::vector<S> q = one_process_sgd(net, c.steps, std::size_t(m) * mb, kLr);
       match mt;
       for (int l = s * lps; l < (s + 1) * lps; ++l)
         for (std::size_t k = 0; k < net.layer_size(l); ++k) mt.add(p[net.offset(l) + k], q[net.offset(l) + k]);
       // The batch's gradient summed over m micro-batches instead of at once: gamma_(B) per step.
-      mt.tol = 8.0 * c.steps * double(m * mb + m) * std::ldexp(1.0, -53);
+      mt.tol = order_tolerance(double(m * mb + m), c.steps);
       report(pp, mt, kind + ": each stage's layers after " + std::to_string(c.steps) + " steps against one process", "8 S (B + m) u, fp64");
     }
   });

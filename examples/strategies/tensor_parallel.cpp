@@ -4,7 +4,8 @@
 // forward ends in one all_reduce of the block's output (Megatron's g), backward in one all_reduce
 // of the gradient at its input (f): 2 all_reduces of s x h per block and step, whatever t is.
 // The variant --variant gather all-gathers the column-parallel output instead and multiplies by
-// the whole B on every rank: f/h = 4 times the bytes in forward, and B replicated.
+// the whole B on every rank: (t-1)/t s f in forward instead of the all_reduce's 2 (t-1)/t s h,
+// f/(2h) = 2 times the bytes, and B replicated.
 //
 //   tensor_parallel [-np T] [--transport threads|shm|tcp] [--steps S] [--variant tp|gather|both]
 //                   [--hidden H] [--layers L] [--tokens-per-rank K]

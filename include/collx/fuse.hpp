@@ -99,11 +99,12 @@ class fused {
       for (auto& i : items) i->run(*c);
     });
   }
-  /// The whole batch as one blocking call, in its turn on this thread (as every blocking call:
-  /// no hand-off to the progress thread, which is not even started); empty again after.
+  /// The whole batch as one blocking call, in its turn on this thread, after the nonblocking
+  /// calls issued before it (as every blocking call: no hand-off to the progress thread); empty
+  /// again after, also when it fails.
   void run() {
-    const detail::call_queue::turn turn(detail::queue_of(*comm_, "fused"));
     const auto items = take();
+    const detail::call_queue::turn turn(detail::queue_of(*comm_, "fused"));
     for (auto& i : items) i->run(*comm_);
   }
 
