@@ -7,7 +7,7 @@ explain=$1
 bad=0
 for c in all_reduce reduce_scatter all_gather broadcast reduce all_to_all; do
   sizes="64KiB"
-  [ "$c" = all_reduce ] && sizes="64KiB 17MiB 64MiB"
+  [ "$c" = all_reduce ] && sizes="64KiB 17MiB 16388KiB 64MiB"  # 16 MiB + 4 KiB: a short last segment
   for b in $sizes; do
     for n in $(seq 2 16); do
       for nc in "" --noncommutative; do
@@ -16,6 +16,10 @@ for c in all_reduce reduce_scatter all_gather broadcast reduce all_to_all; do
         [ "$c" = broadcast ] || [ "$c" = reduce ] && roots="0 $((n - 1))"
         for root in $roots; do
           out=$("$explain" "$c" -n "$n" --bytes "$b" --root "$root" $nc --steps 0 2>&1) || { echo "FAILED: $c -n $n --bytes $b --root $root $nc"; bad=1; continue; }
+          if ! grep -q "(matches" <<<"$out"; then
+            echo "NO FORMULA LINE: $c -n $n --bytes $b --root $root $nc"
+            bad=1
+          fi
           if grep -q "(differs)" <<<"$out"; then
             echo "DIFFERS: $c -n $n --bytes $b --root $root $nc"
             grep -E "^== |\(differs\)" <<<"$out" | grep -B1 "(differs)"
