@@ -276,10 +276,7 @@ inline outcome train(comm_t& tp, const shape& sh, mode md, int steps) {
         ar(dX, "all_reduce dX (f)");
       }
       d = (d + dX).eval();
-      k.A -= sh.lr * gA;
-      k.B -= sh.lr * gB;
-      k.a -= sh.lr * ga;
-      k.b -= sh.lr * gb;
+      sgd(k, grads{gA, gB, ga, gb}, sh.lr);
     }
     led.stop(tp);
     if (md == mode::sp) collx::all_reduce(tp, std::span<double>(&loss, 1), collx::ops::sum{});

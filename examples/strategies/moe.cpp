@@ -196,17 +196,22 @@ step_stats step(comm_t& ep, const config& c, params& p, int step_no, double skew
         at_of[a].push_back({at, std::ptrdiff_t(cnt_in[q * epr + a])});
         at += std::ptrdiff_t(cnt_in[q * epr + a]);
       }
-    for (int a = 0; a < epr; ++a) {
-      std::ptrdiff_t rows = 0;
-      for (auto [o, k] : at_of[a]) rows += k;
-      Xe[a].resize(rows, h);
-      std::ptrdiff_t w = 0;
-      for (auto [o, k] : at_of[a]) {
-        Xe[a].middleRows(w, k) = recvbuf.middleRows(o, k);
-        w += k;
-      }
-      expert_forward(p.W1[a], p.W2[a], Xe[a], He[a], Ye[a]);
+  }
+  // Expert a's rows of a buffer in recvbuf's layout, one source after another.
+  auto rows_of = [&](int a, const M& buf) {
+    std::ptrdiff_t rows = 0;
+    for (auto [o, k] : at_of[a]) rows += k;
+    M x(rows, h);
+    std::ptrdiff_t w = 0;
+    for (auto [o, k] : at_of[a]) {
+      x.middleRows(w, k) = buf.middleRows(o, k);
+      w += k;
     }
+    return x;
+  };
+  for (int a = 0; a < epr; ++a) {
+    Xe[a] = rows_of(a, recvbuf);
+    expert_forward(p.W1[a], p.W2[a], Xe[a], He[a], Ye[a]);
   }
   auto scatter_back = [&](const std::vector<M>& per_expert, M& buf) {  // into recvbuf's layout
     buf.resize(recvbuf.rows(), h);
@@ -249,12 +254,7 @@ step_stats step(comm_t& ep, const config& c, params& p, int step_no, double skew
     a2av(dsend, drecv, send_counts, recv_counts, "all_to_all_v dispatch (bwd)");
     std::vector<M> dXe(epr);
     for (int a = 0; a < epr; ++a) {
-      M dYa(Xe[a].rows(), h);
-      std::ptrdiff_t w = 0;
-      for (auto [o, k] : at_of[a]) {
-        dYa.middleRows(w, k) = drecv.middleRows(o, k);
-        w += k;
-      }
+      const M dYa = rows_of(a, drecv);
       M gW1 = M::Zero(h, c.f), gW2 = M::Zero(c.f, h);
       expert_backward(p.W1[a], p.W2[a], Xe[a], He[a], dYa, gW1, gW2, dXe[a]);
       p.W1[a] -= c.lr * gW1;
