@@ -433,3 +433,31 @@ TEST_CASE("a receiver killed while it reads a sender's memory does not hang the 
   }
   CHECK(got == "");
 }
+
+TEST_CASE("launch_processes: a rank stuck outside collx after another failed is killed, not waited for", "[shm][faults]") {
+  // Rank 0 fails at once; rank 2 is in a collective and sees the job's abort; rank 1 never calls
+  // collx again (a hung lock, a user loop). The launcher must report all three within its grace
+  // (min(timeout, 10 s) + 1 s), not wait for rank 1 for ever (before: it read rank 1's pipe
+  // without a deadline, and a rank that hung in its first malloc hung CI for 900 s).
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string got = in_child([]() -> std::string {
+    collx::options o;
+    o.timeout = 2s;
+    try {
+      collx::launch_processes(3, [](auto& comm) {
+        if (comm.rank() == 0) throw std::runtime_error("boom on purpose");
+        if (comm.rank() == 1)
+          for (;;) pause();
+        collx::barrier(comm);
+      }, o);
+    } catch (const collx::error& e) {
+      const std::string w = e.what();
+      if (w.find("boom on purpose") == std::string::npos) return "not the cause: " + w;
+      if (w.find("3 ranks failed: 0 1 2") == std::string::npos) return "not every rank: " + w;
+      return {};
+    }
+    return "no error";
+  }, 60s);
+  CHECK(got == "");
+  CHECK(std::chrono::steady_clock::now() - t0 < 20s);
+}

@@ -6,14 +6,24 @@
 // a pipe), a non-zero exit, or a signal. Throws collx::error when any rank failed, naming each.
 // Meant for tests, examples and benchmarks; a real job is started by its launcher (mpirun,
 // srun, torchrun) and uses shm::from_env() or tcp::from_env().
+// Once a rank has failed, the others get min(options::timeout, 10 s) + 1 s to report; a rank still
+// running then is killed and named. Call it from a process with one thread running (or one
+// launcher at a time): a child of fork() has only the forking thread, and a lock another thread
+// held at that moment (the allocator's under ASan, whose runtime takes none around fork) is held
+// in the child for ever.
+#include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -121,17 +131,81 @@ void launch_processes_with(int n, const std::string& job, Make&& make, F&& f, co
   forked();
   struct failure { int rank; int code; std::string what; bool died = false; };
   std::vector<failure> failures;
-  for (int r = 0; r < n; ++r) {
-    std::string msg;
+  // Wait for every child with a deadline: once one rank has failed, every rank still inside a
+  // collx call sees the job's abort (or its own timeout) and reports within opts.timeout; a rank
+  // still running after min(opts.timeout, 10 s) + 1 s is stuck outside collx (user code, or a lock
+  // its fork inherited held) and is killed, as mpirun and torchrun end a job one of whose ranks
+  // failed. Without that a hung rank hung the launcher too.
+  struct child_state { std::string msg; bool eof = false, reaped = false; int status = 0; };
+  std::vector<child_state> kids(static_cast<std::size_t>(n));
+  std::optional<std::chrono::steady_clock::time_point> kill_at;
+  int first_failed = -1;
+  const auto grace = std::min<std::chrono::nanoseconds>(opts.timeout, std::chrono::seconds(10)) + std::chrono::seconds(1);
+  const auto drain = [&](int r) {  // reads what is there; a closed or empty pipe ends it
     char b[4096];
     for (;;) {
       const ssize_t k = ::read(fds[std::size_t(r)], b, sizeof b);
-      if (k > 0) msg.append(b, std::size_t(k));
-      else if (k == 0 || errno != EINTR) break;
+      if (k > 0) kids[std::size_t(r)].msg.append(b, std::size_t(k));
+      else if (k < 0 && errno == EINTR) continue;
+      else {
+        if (k == 0) kids[std::size_t(r)].eof = true;
+        return;
+      }
     }
-    close(fds[std::size_t(r)]);
-    int status = 0;
-    while (waitpid(pids[std::size_t(r)], &status, 0) < 0 && errno == EINTR) {}
+  };
+  for (int r = 0; r < n; ++r) fcntl(fds[std::size_t(r)], F_SETFL, fcntl(fds[std::size_t(r)], F_GETFL) | O_NONBLOCK);
+  for (int left = n; left > 0;) {
+    std::vector<pollfd> pfds;
+    std::vector<int> who;
+    bool exiting = false;  // a pipe closed, its process not reaped yet: look again soon
+    for (int r = 0; r < n; ++r) {
+      const auto& k = kids[std::size_t(r)];
+      if (k.reaped) continue;
+      if (k.eof) exiting = true;
+      else {
+        pfds.push_back({fds[std::size_t(r)], POLLIN, 0});
+        who.push_back(r);
+      }
+    }
+    int wait_ms = exiting ? 1 : 50;
+    if (kill_at) {
+      const auto left_ms = std::chrono::duration_cast<std::chrono::milliseconds>(*kill_at - std::chrono::steady_clock::now()).count();
+      wait_ms = int(std::clamp<long long>(left_ms, 0, wait_ms));
+    }
+    if (::poll(pfds.data(), pfds.size(), wait_ms) > 0)
+      for (std::size_t i = 0; i < pfds.size(); ++i)
+        if (pfds[i].revents != 0) drain(who[i]);
+    const bool overdue = kill_at && std::chrono::steady_clock::now() >= *kill_at;
+    for (int r = 0; r < n; ++r) {
+      auto& k = kids[std::size_t(r)];
+      if (k.reaped) continue;
+      pid_t got = 0;
+      while ((got = waitpid(pids[std::size_t(r)], &k.status, WNOHANG)) < 0 && errno == EINTR) {}
+      if (got == 0 && overdue) {
+        kill(pids[std::size_t(r)], SIGKILL);
+        while (waitpid(pids[std::size_t(r)], &k.status, 0) < 0 && errno == EINTR) {}
+        drain(r);
+        if (k.msg.empty())
+          k.msg = std::to_string(int(errc::peer_lost)) + "\nrank " + std::to_string(r) + " was still running " +
+                  std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(grace).count()) +
+                  " ms after rank " + std::to_string(first_failed) + " failed, and was killed";
+        got = pids[std::size_t(r)];
+      }
+      if (got == 0) continue;
+      drain(r);
+      close(fds[std::size_t(r)]);
+      k.reaped = true;
+      --left;
+      const bool failed = !k.msg.empty() || WIFSIGNALED(k.status) || (WIFEXITED(k.status) && WEXITSTATUS(k.status) != 0);
+      if (failed && !kill_at) {
+        kill_at = std::chrono::steady_clock::now() + grace;
+        first_failed = r;
+      }
+    }
+  }
+  for (int r = 0; r < n; ++r) {
+    const std::string& msg = kids[std::size_t(r)].msg;
+    const int status = kids[std::size_t(r)].status;
     if (!msg.empty()) {
       const auto nl = msg.find('\n');
       failures.push_back({r, std::atoi(msg.substr(0, nl).c_str()), nl == std::string::npos ? msg : msg.substr(nl + 1)});
