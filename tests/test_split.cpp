@@ -6,6 +6,8 @@
 #include <collx/collx.hpp>
 
 #include <algorithm>
+#include <cstdio>
+#include <filesystem>
 #include <numeric>
 #include <thread>
 
@@ -129,7 +131,96 @@ std::string every_split(int n) {
   });
 }
 
+/// create_group's agreement through files in `dir` (a store any launcher's ranks can reach: here
+/// threads and processes alike): each member writes its offer, then reads every member's.
+auto agree_through(const std::string& dir, const std::string& id, int at, int size) {
+  return [=](const std::array<char, collx::split_offer::kBlob>& mine) {
+    const std::string me = dir + "/" + id + "." + std::to_string(at);
+    if (std::FILE* f = std::fopen((me + ".tmp").c_str(), "wb")) {
+      std::fwrite(mine.data(), 1, mine.size(), f);
+      std::fclose(f);
+      std::rename((me + ".tmp").c_str(), me.c_str());
+    }
+    std::vector<std::array<char, collx::split_offer::kBlob>> all(static_cast<std::size_t>(size));
+    const auto until = std::chrono::steady_clock::now() + 30s;
+    for (int q = 0; q < size; ++q) {
+      const std::string path = dir + "/" + id + "." + std::to_string(q);
+      for (;;) {
+        if (std::FILE* f = std::fopen(path.c_str(), "rb")) {
+          const std::size_t got = std::fread(all[std::size_t(q)].data(), 1, collx::split_offer::kBlob, f);
+          std::fclose(f);
+          if (got == collx::split_offer::kBlob) break;
+        }
+        if (std::chrono::steady_clock::now() > until) throw std::runtime_error("agree: no offer from member " + std::to_string(q));
+        std::this_thread::sleep_for(1ms);
+      }
+    }
+    return all;
+  };
+}
+
+/// create_group (torch's new_group): the even ranks, listed high to low, and the odd ranks, in
+/// order, each made by its members only while the others make theirs; a group of one; then the
+/// world still works.
+template <class L>
+std::string every_create_group(int n) {
+  char tmpl[] = "/tmp/collx-create-group-XXXXXX";
+  const std::string dir = mkdtemp(tmpl);
+  const std::string r = run_checked<L>(n, [&](auto& comm, auto note) {
+    const int me = comm.rank();
+    std::vector<int> evens, odds;
+    for (int q = n - 1; q >= 0; --q)
+      if (q % 2 == 0) evens.push_back(q);
+    for (int q = 1; q < n; q += 2) odds.push_back(q);
+    const auto& mine = me % 2 == 0 ? evens : odds;
+    const std::string id = me % 2 == 0 ? "evens" : "odds";
+    const int at = int(std::find(mine.begin(), mine.end(), me) - mine.begin());
+    auto g = comm.create_group(mine, id, agree_through(dir, id, at, int(mine.size())), id);
+    check_group(g, mine, me, "create_group " + id, note);
+    if (me == n - 1) {  // a group of one, made by its only member
+      auto solo = comm.create_group({me}, "solo", agree_through(dir, "solo", 0, 1));
+      check_group(solo, {me}, me, "create_group of one", note);
+    }
+    std::vector<int> all(static_cast<std::size_t>(n));
+    std::iota(all.begin(), all.end(), 0);
+    check_group(comm, all, me, "the world after", note);
+  });
+  std::filesystem::remove_all(dir);
+  return r;
+}
+
 }  // namespace
+
+TEST_CASE("create_group: a group made by its members only, agreeing through the caller's channel", "[split]") {
+  for (int n : {1, 2, 3, 5, 8}) {
+    CAPTURE(n);
+    CHECK(every_create_group<threads>(n) == "");
+    CHECK(every_create_group<processes>(n) == "");
+    CHECK(every_create_group<processes_tcp>(n) == "");
+  }
+}
+
+TEST_CASE("create_group: bad members are an error on the member that passes them", "[split][errors]") {
+  failures f(3);
+  collx::launch_threads(3, [&](auto& comm) {
+    auto never = [](const std::array<char, collx::split_offer::kBlob>&) -> std::vector<std::array<char, collx::split_offer::kBlob>> {
+      throw std::logic_error("agree must not be reached");
+    };
+    auto expect = [&](const std::vector<int>& members, const std::string& want) {
+      try {
+        comm.create_group(members, "bad", never);
+        f.note(comm.rank(), "no error for " + want);
+      } catch (const collx::error& e) {
+        if (e.code() != collx::errc::invalid_argument || std::string(e.what()).find(want) == std::string::npos)
+          f.note(comm.rank(), std::string("wrong error: ") + e.what());
+      }
+    };
+    expect({0, 1, 2, 0}, "listed twice");
+    expect({0, 1, 2, 7}, "out of range");
+    if (comm.rank() != 2) expect({2}, "is not one of its members");
+  });
+  CHECK(f.first() == "");
+}
 
 TEST_CASE("split: rows and columns of a mesh, singletons, reversed keys, opt-outs, three levels, every rank", "[split]") {
   for (int n : {1, 2, 3, 5, 8, 13}) {

@@ -89,6 +89,14 @@ class communicator {
   /// gets a null one. `name` names the new communicator in messages (default: its place among
   /// the splits: "s<k>c<color>"). Defined in split.hpp.
   communicator split(int color, int key, const std::string& name = {});
+  /// MPI_Comm_create_group, torch's new_group: a communicator of the ranks `members` (ranks here,
+  /// in their new order), made by those ranks only; the others take no part and need not know.
+  /// The members agree through the caller's channel instead of this communicator:
+  /// `agree(blob)` is given this rank's transport offer and returns every member's, in the new
+  /// order (a store serves: set yours, get the others'). `id` must be the same on every member
+  /// and unique among the job's communicators. Defined in split.hpp.
+  template <class Agree>
+  communicator create_group(const std::vector<int>& members, const std::string& id, Agree&& agree, const std::string& name = {});
 
   /// The sequence number of the next collective call (1-based).
   std::uint64_t next_seq() noexcept { return ++s_->seq; }

@@ -76,6 +76,43 @@ communicator<T> communicator<T>::split(int color, int key, const std::string& na
   return child;
 }
 
+template <class T>
+template <class Agree>
+communicator<T> communicator<T>::create_group(const std::vector<int>& members, const std::string& id, Agree&& agree,
+                                              const std::string& name) {
+  const detail::call_queue::turn turn(detail::queue_of(*this, "create_group"));
+  const auto me = std::find(members.begin(), members.end(), rank());
+  std::vector<int> seen(static_cast<std::size_t>(size()), 0);
+  for (int m : members)
+    if (m < 0 || m >= size() || seen[std::size_t(m)]++ != 0)
+      throw error(errc::invalid_argument, "create_group " + (name.empty() ? id : name) + (identity().is_job() ? "" : " of communicator " + identity().name) +
+                                              ": member " + std::to_string(m) + " is out of range for " + std::to_string(size()) +
+                                              " ranks or listed twice");
+  if (me == members.end())
+    throw error(errc::invalid_argument, "create_group " + (name.empty() ? id : name) + ": " + identity().rank_name(rank()) +
+                                            " is not one of its members (only members call it)");
+  if (id.empty()) throw error(errc::invalid_argument, "create_group: the id must not be empty");
+  split_offer offer = transport().prepare_split();
+  const std::vector<std::array<char, split_offer::kBlob>> offers = agree(offer.blob);
+  if (offers.size() != members.size())
+    throw error(errc::invalid_argument, "create_group " + (name.empty() ? id : name) + ": agree() returned " +
+                                            std::to_string(offers.size()) + " offers for " + std::to_string(members.size()) + " members");
+  split_plan plan;
+  plan.id = (s_->id.is_job() ? std::string() : s_->uid + ".") + "g" + id;
+  plan.size = int(members.size());
+  plan.rank = int(me - members.begin());
+  plan.members = members;
+  plan.offers = offers;
+  plan.timeout = opts().timeout;
+  comm_identity cid;
+  cid.name = name.empty() ? plan.id : name;
+  for (int m : members) cid.job_ranks.push_back(job_rank(m));
+  cid.hash = detail::fnv1a(plan.id) | 1;
+  communicator child = make_child(transport().split(plan, std::move(offer)), std::move(cid));
+  child.s_->uid = plan.id;
+  return child;
+}
+
 /// The communicators of a job laid out row-major as a dims[0] x dims[1] x ... grid (the last
 /// dimension varies fastest: DP x TP puts a TP group on consecutive ranks): element k holds the
 /// ranks that differ from this one in coordinate k only, ranked by that coordinate. A collective

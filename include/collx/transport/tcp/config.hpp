@@ -2,12 +2,15 @@
 // transport::tcp's configuration: where ranks meet, which interface they listen on, the job's
 // token, and the sockets' buffer sizes.
 #include <chrono>
+#include <memory>
 #include <string>
 
 #include "../../communicator.hpp"
 #include "../../env.hpp"
 
 namespace collx::transport {
+
+class store;  // tcp/store.hpp
 
 struct tcp_config {
   /// How long rendezvous (store, addresses, connections) may take in all.
@@ -16,6 +19,9 @@ struct tcp_config {
   std::string store_path = detail::env_string("COLLX_STORE_PATH");
   std::string master_addr;
   int master_port = 0;
+  /// A store the caller already has (a framework's: torch's c10d store), used instead of the two
+  /// above; master_addr, when given too, only picks the interface that routes to it.
+  std::shared_ptr<store> external_store;
   /// Interface to listen on (COLLX_SOCKET_IFNAME); empty: the one that routes to master_addr.
   std::string ifname = detail::env_string("COLLX_SOCKET_IFNAME");
   /// The job's token (COLLX_JOB_TOKEN); empty: rank 0 draws one and hands it out through the store.

@@ -104,10 +104,13 @@ class rendezvous {
                                               std::to_string(tcp_wire::kTokenBytes) + ")");
     // The store: rank 0 serves it (TCP), or a shared directory.
     std::unique_ptr<store_server> server;
-    std::unique_ptr<store> st;
+    std::shared_ptr<store> st;  // the caller's (external_store), or one of the job's
     std::optional<net::address> master;
     if (!cfg_.master_addr.empty() && cfg_.master_port != 0) master = net::resolve(cfg_.master_addr, cfg_.master_port);
-    if (!cfg_.store_path.empty()) {
+    else if (cfg_.external_store && !cfg_.master_addr.empty()) master = net::resolve(cfg_.master_addr, 1);  // a route, not a store
+    if (cfg_.external_store) {
+      st = cfg_.external_store;
+    } else if (!cfg_.store_path.empty()) {
       auto fs = std::make_unique<file_store>(cfg_.store_path);
       // A crashed run of this job may have left its keys: rank 0 removes them before it
       // publishes anything, and the others read the store only once rank 0 has (file_store::claim).

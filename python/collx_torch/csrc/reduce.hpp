@@ -1,0 +1,44 @@
+#pragma once
+// The reducing collectives for the torch backend, one element type per translation unit
+// (reduce_<type>.cpp): the backend dispatches a tensor's dtype and op here with raw pointers, so
+// these files include collx only (not torch) and build in parallel. The data-moving collectives
+// need no element type: backend.cpp runs them on bytes.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <collx/collx.hpp>
+
+namespace collx_torch {
+
+using comm_t = collx::communicator<collx::transport::any>;
+
+/// The reduction ops collx runs for torch. AVG is a sum divided afterwards and PREMUL_SUM a
+/// multiplication before (backend.cpp); bool tensors reduce as bytes (SUM/MAX = bor, PRODUCT/MIN = band).
+enum class red : int { sum, prod, min, max, band, bor, bxor };
+const char* red_name(red r) noexcept;
+
+template <class E>
+struct reducer {
+  static void all_reduce(comm_t& c, E* buf, std::size_t n, red r);
+  /// out is written on root only (it may be null elsewhere).
+  static void reduce(comm_t& c, const E* in, E* out, std::size_t n, red r, int root);
+  /// in holds size() blocks of n_out elements; out receives this rank's block, reduced.
+  static void reduce_scatter(comm_t& c, const E* in, E* out, std::size_t n_out, red r);
+  /// Every buffer all-reduced in place as one fused call (collx::fused).
+  static void all_reduce_many(comm_t& c, const std::vector<std::pair<E*, std::size_t>>& bufs, red r);
+};
+
+extern template struct reducer<float>;
+extern template struct reducer<double>;
+extern template struct reducer<collx::half>;
+extern template struct reducer<collx::bfloat16>;
+extern template struct reducer<std::int8_t>;
+extern template struct reducer<std::int16_t>;
+extern template struct reducer<std::int32_t>;
+extern template struct reducer<std::int64_t>;
+extern template struct reducer<std::uint8_t>;
+
+}  // namespace collx_torch

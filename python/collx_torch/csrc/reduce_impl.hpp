@@ -1,0 +1,60 @@
+#pragma once
+// The definitions behind reduce.hpp; each reduce_<type>.cpp instantiates them for its type.
+#include <stdexcept>
+#include <type_traits>
+
+#include "reduce.hpp"
+
+namespace collx_torch {
+
+/// Calls f with the collx op for r, or throws for an op the element type has not (bitwise ops on
+/// floating point: the backend refuses those before they get here, naming the tensor's dtype).
+template <class E, class F>
+void with_op(red r, F&& f) {
+  switch (r) {
+    case red::sum: return f(collx::ops::sum{});
+    case red::prod: return f(collx::ops::prod{});
+    case red::min: return f(collx::ops::min{});
+    case red::max: return f(collx::ops::max{});
+    default: break;
+  }
+  if constexpr (std::is_integral_v<E>) {
+    switch (r) {
+      case red::band: return f(collx::ops::band{});
+      case red::bor: return f(collx::ops::bor{});
+      case red::bxor: return f(collx::ops::bxor{});
+      default: break;
+    }
+  }
+  throw std::invalid_argument(std::string("collx: op ") + red_name(r) + " is not defined for this element type");
+}
+
+template <class E>
+void reducer<E>::all_reduce(comm_t& c, E* buf, std::size_t n, red r) {
+  with_op<E>(r, [&](auto op) { collx::all_reduce(c, std::span<E>(buf, n), op); });
+}
+
+template <class E>
+void reducer<E>::reduce(comm_t& c, const E* in, E* out, std::size_t n, red r, int root) {
+  with_op<E>(r, [&](auto op) {
+    collx::reduce(c, std::span<const E>(in, n), std::span<E>(out, out ? n : 0), op, root);
+  });
+}
+
+template <class E>
+void reducer<E>::reduce_scatter(comm_t& c, const E* in, E* out, std::size_t n_out, red r) {
+  with_op<E>(r, [&](auto op) {
+    collx::reduce_scatter(c, std::span<const E>(in, n_out * std::size_t(c.size())), std::span<E>(out, n_out), op);
+  });
+}
+
+template <class E>
+void reducer<E>::all_reduce_many(comm_t& c, const std::vector<std::pair<E*, std::size_t>>& bufs, red r) {
+  with_op<E>(r, [&](auto op) {
+    collx::fused<collx::transport::any> f(c);
+    for (const auto& [p, n] : bufs) f.all_reduce(std::span<E>(p, n), op);
+    f.run();
+  });
+}
+
+}  // namespace collx_torch

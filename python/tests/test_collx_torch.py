@@ -1,0 +1,436 @@
+"""collx's torch backend against an independent reference (torch's own arithmetic on every rank's
+inputs, which each rank can rebuild), in real processes:
+
+    /usr/bin/python3 python/tests/test_collx_torch.py [-k name]
+
+- every collective, every dtype and op, rank counts 1, 2, 3, 5 and counts 0, 1, N-1, N+1 and a
+  prime, over shm, and over tcp at 3 ranks;
+- non-contiguous tensors, PREMUL_SUM, coalesced calls, batch_isend_irecv, new_group;
+- init over env://, file:// and tcp://;
+- faults: mismatched sizes give collx's error naming the ranks; a rank killed mid-training makes
+  the others raise within init_process_group's timeout; /dev/shm is left clean.
+"""
+import datetime
+import os
+import signal
+import socket
+import sys
+import tempfile
+import time
+import traceback
+
+_here = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(_here))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+import collx_torch  # noqa: E402,F401
+
+FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+INTS = [torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8]
+ALL = FLOATS + INTS + [torch.bool]
+OPS = {
+    "SUM": dist.ReduceOp.SUM, "PRODUCT": dist.ReduceOp.PRODUCT, "MIN": dist.ReduceOp.MIN,
+    "MAX": dist.ReduceOp.MAX, "AVG": dist.ReduceOp.AVG, "BAND": dist.ReduceOp.BAND,
+    "BOR": dist.ReduceOp.BOR, "BXOR": dist.ReduceOp.BXOR,
+}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ops_for(dtype):
+    if dtype == torch.bool:
+        return ["SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"]
+    if dtype in FLOATS:
+        return ["SUM", "PRODUCT", "MIN", "MAX", "AVG"]
+    return list(OPS)
+
+
+def data(rank, count, dtype, op="SUM"):
+    """Rank `rank`'s input: small integers, so that every sum and product is exact in every dtype
+    (products of at most 5 values in {1, 2}, sums of at most 5 values below 8)."""
+    g = torch.Generator().manual_seed(1000 * rank + count)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, (count,), generator=g).bool()
+    if op == "PRODUCT":
+        return torch.randint(1, 3, (count,), generator=g).to(dtype)
+    lo = 0 if dtype == torch.uint8 or op.startswith("B") else -7
+    return torch.randint(lo, 8, (count,), generator=g).to(dtype)
+
+
+def reference(n, count, dtype, op):
+    """The reduction of every rank's input, in torch's arithmetic (in a wide type, then cast)."""
+    xs = [data(r, count, dtype, op) for r in range(n)]
+    if dtype == torch.bool:
+        w = [x.to(torch.int64) for x in xs]
+        f = {"SUM": max, "MAX": max, "BOR": max, "PRODUCT": min, "MIN": min, "BAND": min}
+        out = w[0].clone()
+        for x in w[1:]:
+            if op == "BXOR":
+                out = out ^ x
+            else:
+                out = torch.maximum(out, x) if f[op] is max else torch.minimum(out, x)
+        return out.bool()
+    w = [x.to(torch.float64) if dtype in FLOATS else x.to(torch.int64) for x in xs]
+    out = w[0].clone()
+    for x in w[1:]:
+        if op in ("SUM", "AVG"):
+            out = out + x
+        elif op == "PRODUCT":
+            out = out * x
+        elif op == "MIN":
+            out = torch.minimum(out, x)
+        elif op == "MAX":
+            out = torch.maximum(out, x)
+        elif op == "BAND":
+            out = out & x
+        elif op == "BOR":
+            out = out | x
+        elif op == "BXOR":
+            out = out ^ x
+    if op == "AVG":
+        out = out / n if dtype in FLOATS else torch.div(out, n, rounding_mode="trunc")
+    return out.to(dtype)
+
+
+def expect_equal(got, want, what):
+    if got.dtype != want.dtype or got.shape != want.shape or not torch.equal(got, want):
+        bad = (got.to(torch.float64) != want.to(torch.float64)).nonzero()
+        raise AssertionError(f"{what}: got {got.dtype} {tuple(got.shape)}, want {want.dtype} {tuple(want.shape)};"
+                             f" first difference at {bad[:1].tolist()}: {got.flatten()[:8].tolist()} vs {want.flatten()[:8].tolist()}")
+
+
+def counts(n):
+    return sorted({0, 1, max(n - 1, 0), n + 1, 1031})
+
+
+# ---- the jobs: each runs in every rank of a spawned job ------------------------------------------
+
+def job_reductions(rank, n):
+    for dtype in ALL:
+        for op in ops_for(dtype):
+            for c in counts(n):
+                what = f"all_reduce {op} {dtype} x{c} at {n} ranks"
+                t = data(rank, c, dtype, op)
+                dist.all_reduce(t, OPS[op])
+                expect_equal(t, reference(n, c, dtype, op), what)
+            c = 2 * n + 3
+            for root in range(n):
+                t = data(rank, c, dtype, op)
+                dist.reduce(t, root, OPS[op])
+                if rank == root:
+                    expect_equal(t, reference(n, c, dtype, op), f"reduce {op} {dtype} to {root}")
+                else:
+                    expect_equal(t, data(rank, c, dtype, op), f"reduce {op} {dtype}: a non-root's input is untouched")
+            # reduce_scatter: rank r gets block r of the reduction of everyone's n*k elements
+            for k in (0, 1, 5):
+                full = data(rank, n * k, dtype, op)
+                want = reference(n, n * k, dtype, op)[rank * k:(rank + 1) * k]
+                out = torch.empty(k, dtype=dtype)
+                dist.reduce_scatter_tensor(out, full, OPS[op])
+                expect_equal(out, want, f"reduce_scatter_tensor {op} {dtype} k={k}")
+                out2 = torch.empty(k, dtype=dtype)
+                dist.reduce_scatter(out2, list(full.split(k)) if k else [torch.empty(0, dtype=dtype)] * n, OPS[op])
+                expect_equal(out2, want, f"reduce_scatter (list) {op} {dtype} k={k}")
+    # coalesced: several tensors in one fused call
+    ts = [data(rank, c, torch.float32) for c in (3, 0, 17, 1)]
+    dist.all_reduce_coalesced(ts, dist.ReduceOp.SUM)
+    for t, c in zip(ts, (3, 0, 17, 1)):
+        expect_equal(t, reference(n, c, torch.float32, "SUM"), "all_reduce_coalesced")
+    # PREMUL_SUM: every input multiplied by the factor, then summed
+    op = dist._make_nccl_premul_sum(2.5)
+    t = data(rank, 9, torch.float64)
+    dist.all_reduce(t, op)
+    expect_equal(t, reference(n, 9, torch.float64, "SUM") * 2.5, "all_reduce PREMUL_SUM")
+    # a non-contiguous tensor (every other column of a matrix) is reduced where it is
+    m = torch.stack([data(rank, 6, torch.float32) for _ in range(4)])
+    view = m[:, ::2]
+    dist.all_reduce(view)
+    want = torch.stack([reference(n, 6, torch.float32, "SUM") for _ in range(4)])[:, ::2]
+    expect_equal(view.contiguous(), want, "all_reduce of a non-contiguous view")
+    expect_equal(m[:, 1::2].contiguous(), torch.stack([data(rank, 6, torch.float32) for _ in range(4)])[:, 1::2].contiguous(),
+                 "the view's neighbours are untouched")
+
+
+def job_movers(rank, n):
+    for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.bool):
+        for c in counts(n):
+            for root in range(n):
+                t = data(rank, c, dtype)
+                dist.broadcast(t, root)
+                expect_equal(t, data(root, c, dtype), f"broadcast {dtype} x{c} from {root}")
+            outs = [torch.empty(c, dtype=dtype) for _ in range(n)]
+            dist.all_gather(outs, data(rank, c, dtype))
+            for r in range(n):
+                expect_equal(outs[r], data(r, c, dtype), f"all_gather {dtype} x{c}: rank {r}'s part")
+            flat = torch.empty(n * c, dtype=dtype)
+            dist.all_gather_into_tensor(flat, data(rank, c, dtype))
+            expect_equal(flat, torch.cat([data(r, c, dtype) for r in range(n)]), f"all_gather_into_tensor {dtype} x{c}")
+            root = c % n
+            g = [torch.empty(c, dtype=dtype) for _ in range(n)] if rank == root else None
+            dist.gather(data(rank, c, dtype), g, root)
+            if rank == root:
+                for r in range(n):
+                    expect_equal(g[r], data(r, c, dtype), f"gather {dtype} x{c} at {root}: rank {r}'s part")
+            out = torch.empty(c, dtype=dtype)
+            dist.scatter(out, [data(100 + r, c, dtype) for r in range(n)] if rank == root else None, root)
+            expect_equal(out, data(100 + rank, c, dtype), f"scatter {dtype} x{c} from {root}")
+    # all_gather_coalesced: output_lists[r][j] is rank r's input j
+    ins = [data(rank, 3, torch.int32), data(rank, 0, torch.int32), data(rank, 5, torch.int32)]
+    outs = [[torch.empty(3, dtype=torch.int32), torch.empty(0, dtype=torch.int32), torch.empty(5, dtype=torch.int32)] for _ in range(n)]
+    dist.all_gather_coalesced(outs, ins)
+    for r in range(n):
+        for j, c in enumerate((3, 0, 5)):
+            expect_equal(outs[r][j], data(r, c, torch.int32), f"all_gather_coalesced: rank {r}'s tensor {j}")
+    # all_to_all_single: equal blocks, then uneven splits (rank i sends i+j+1 rows of width 3 to j)
+    rows = 2
+    x = torch.arange(n * rows * 3, dtype=torch.float32).reshape(n * rows, 3) + 1000 * rank
+    y = torch.empty_like(x)
+    dist.all_to_all_single(y, x)
+    want = torch.cat([(torch.arange(n * rows * 3, dtype=torch.float32).reshape(n * rows, 3) + 1000 * r)[rank * rows:(rank + 1) * rows]
+                      for r in range(n)])
+    expect_equal(y, want, "all_to_all_single (equal)")
+    send = [rank + j + 1 for j in range(n)]
+    recv = [i + rank + 1 for i in range(n)]
+    x = torch.cat([torch.full((send[j], 3), float(100 * rank + j)) for j in range(n)])
+    y = torch.empty(sum(recv), 3)
+    dist.all_to_all_single(y, x, recv, send)
+    want = torch.cat([torch.full((recv[i], 3), float(100 * i + rank)) for i in range(n)])
+    expect_equal(y, want, "all_to_all_single (splits)")
+    # all_to_all of lists with uneven sizes
+    ins = [torch.full((rank + j + 1,), float(10 * rank + j)) for j in range(n)]
+    outs = [torch.empty(i + rank + 1) for i in range(n)]
+    dist.all_to_all(outs, ins)
+    for i in range(n):
+        expect_equal(outs[i], torch.full((i + rank + 1,), float(10 * i + rank)), f"all_to_all (list) from {i}")
+    # send/recv around the ring, both ways at once in one batch; plain send/recv in turn
+    if n > 1:
+        nxt, prv = (rank + 1) % n, (rank - 1) % n
+        a, b = torch.full((7,), float(rank)), torch.empty(7)
+        c, d = torch.full((4,), float(-rank)), torch.empty(4)
+        reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, a, nxt), dist.P2POp(dist.irecv, b, prv),
+                                       dist.P2POp(dist.isend, c, prv), dist.P2POp(dist.irecv, d, nxt)])
+        for r in reqs:
+            r.wait()
+        expect_equal(b, torch.full((7,), float(prv)), "batch_isend_irecv forward")
+        expect_equal(d, torch.full((4,), float(-nxt)), "batch_isend_irecv backward")
+        for src in range(n):
+            if rank == src:
+                for q in range(n):
+                    if q != src:
+                        dist.send(torch.full((3,), float(src * 10 + q)), q)
+            else:
+                t = torch.empty(3)
+                dist.recv(t, src)
+                expect_equal(t, torch.full((3,), float(src * 10 + rank)), f"recv from {src}")
+    dist.barrier()
+
+
+def job_async_and_groups(rank, n):
+    # outstanding calls complete in order, each with its future holding the outputs
+    ts = [torch.full((1000,), float(rank + i)) for i in range(8)]
+    works = [dist.all_reduce(t, async_op=True) for t in ts]
+    futs = [w.get_future() for w in works]
+    for i, (w, f) in enumerate(zip(works, futs)):
+        w.wait()
+        assert w.is_completed()
+        expect_equal(f.value()[0], torch.full((1000,), float(sum(r + i for r in range(n)))), f"future {i}")
+    # new_group: a split of the world, not a new rendezvous; groups of one rank too
+    evens = list(range(0, n, 2))
+    g = dist.new_group(evens)
+    solo = dist.new_group([n - 1])
+    rev = dist.new_group(list(range(n)))
+    if rank in evens:
+        t = torch.tensor([float(rank)])
+        dist.all_reduce(t, group=g)
+        expect_equal(t, torch.tensor([float(sum(evens))]), "all_reduce on new_group(evens)")
+        outs = [torch.empty(1) for _ in evens]
+        dist.all_gather(outs, torch.tensor([float(rank)]), group=g)
+        expect_equal(torch.cat(outs), torch.tensor([float(r) for r in evens]), "all_gather on the group: group rank order")
+        dist.broadcast(t, evens[-1], group=g)  # the root is a global rank
+    if rank == n - 1:
+        t = torch.tensor([5.0])
+        dist.all_reduce(t, group=solo)
+        expect_equal(t, torch.tensor([5.0]), "a group of one")
+    t = torch.tensor([1.0])
+    dist.all_reduce(t, group=rev)
+    expect_equal(t, torch.tensor([float(n)]), "a group of everyone")
+    # the world still works after the groups, and concurrently with one
+    works = []
+    if rank in evens:
+        works.append(dist.all_reduce(torch.ones(100), group=g, async_op=True))
+    w = torch.ones(100)
+    works.append(dist.all_reduce(w, async_op=True))
+    for x in works:
+        x.wait()
+    expect_equal(w, torch.full((100,), float(n)), "the world after the groups")
+    pg = dist.distributed_c10d._get_default_group()
+    want = os.environ.get("COLLX_TORCH_TRANSPORT", "shm")
+    assert pg.transport == want, f"transport {pg.transport}, expected {want}"
+
+
+def job_mismatch(rank, n):
+    t = torch.ones(10 + rank)  # every rank a different size
+    try:
+        dist.all_reduce(t)
+    except RuntimeError as e:
+        msg = str(e)
+        assert "all_reduce" in msg and "made different calls" in msg and "rank 0" in msg, f"not collx's mismatch message: {msg}"
+        os._exit(0)  # the job is broken: leave without the teardown barrier
+    raise AssertionError("mismatched sizes gave no error")
+
+
+def job_killed(rank, n):
+    """Rank 1 dies (SIGKILL) in the middle of training; the others must raise, within the timeout."""
+    model = torch.nn.Linear(256, 256)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    t0 = None
+    try:
+        for step in range(1000):
+            if step == 5:
+                t0 = time.monotonic()
+                if rank == 1:
+                    os.kill(os.getpid(), signal.SIGKILL)
+            opt.zero_grad()
+            ddp(torch.randn(32, 256)).sum().backward()
+            opt.step()
+    except RuntimeError as e:
+        waited = time.monotonic() - t0
+        assert waited < 15, f"rank {rank} took {waited:.1f} s to see the dead rank"
+        assert "rank 1" in str(e) or "peer" in str(e) or "died" in str(e), f"the error does not name the lost rank: {e}"
+        os._exit(0)  # the job is broken: leave without the teardown barrier
+    raise AssertionError(f"rank {rank} trained 1000 steps with a dead peer")
+
+
+# ---- running jobs -----------------------------------------------------------------------------
+
+def _rank_main(rank, n, job, init, timeout_s, env):
+    os.environ.update(env)
+    kw = dict(rank=rank, world_size=n, timeout=datetime.timedelta(seconds=timeout_s))
+    if init.startswith("env://"):
+        dist.init_process_group("collx", init_method="env://", **kw)
+    else:
+        dist.init_process_group("collx", init_method=init, **kw)
+    globals()[job](rank, n)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def collx_segments():
+    return sorted(f for f in os.listdir("/dev/shm") if f.startswith("collx"))
+
+
+def run(job, n, init="env://", transport=None, timeout_s=60, expect_exit=None):
+    """Runs job on n spawned ranks; every rank must exit 0 (or as expect_exit says, by rank)."""
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    if transport:
+        env["COLLX_TORCH_TRANSPORT"] = transport
+    before = collx_segments()
+    ctx = mp.get_context("spawn")
+    ps = [ctx.Process(target=_rank_main, args=(r, n, job, init, timeout_s, env)) for r in range(n)]
+    for p in ps:
+        p.start()
+    deadline = time.monotonic() + timeout_s + 60
+    for p in ps:
+        p.join(max(0.0, deadline - time.monotonic()))
+    hung = [r for r, p in enumerate(ps) if p.is_alive()]
+    for p in ps:
+        if p.is_alive():
+            p.kill()
+            p.join()
+    if hung:
+        raise AssertionError(f"{job} at {n} ranks: rank(s) {hung} did not finish within {timeout_s + 60} s (hung)")
+    want = {r: 0 for r in range(n)}
+    want.update(expect_exit or {})
+    got = {r: p.exitcode for r, p in enumerate(ps)}
+    if got != want:
+        raise AssertionError(f"{job} at {n} ranks: exit codes {got}, expected {want}")
+    left = [s for s in collx_segments() if s not in before]
+    if left:
+        raise AssertionError(f"{job} left {left} in /dev/shm")
+
+
+def case_file_init(n=2):
+    with tempfile.TemporaryDirectory() as d:
+        run("job_async_and_groups", n, init="file://" + os.path.join(d, "rdv"))
+
+
+def as_rank(job):
+    """One rank started by a launcher (torchrun, mpirun): env:// from what the launcher set."""
+    dist.init_process_group("collx", init_method="env://")
+    globals()[job](dist.get_rank(), dist.get_world_size())
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def launched(cmd, n):
+    import subprocess
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.path.dirname(_here), os.environ.get("PYTHONPATH")])))
+    before = collx_segments()
+    r = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    if r.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {r.returncode}:\n{r.stdout[-4000:]}")
+    left = [s for s in collx_segments() if s not in before]
+    if left:
+        raise AssertionError(f"left {left} in /dev/shm")
+
+
+def main():
+    import argparse
+    p = argparse.ArgumentParser()
+    p.add_argument("-k", default="", help="run only the cases whose name contains this")
+    p.add_argument("--as-rank", default="", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.as_rank:
+        return as_rank(a.as_rank)
+    me = os.path.abspath(__file__)
+    cases = []
+    for n in (1, 2, 3, 5):
+        cases.append((f"reductions n={n}", lambda n=n: run("job_reductions", n)))
+        cases.append((f"movers n={n}", lambda n=n: run("job_movers", n)))
+        cases.append((f"async and groups n={n}", lambda n=n: run("job_async_and_groups", n)))
+    cases += [
+        ("movers over tcp n=3", lambda: run("job_movers", 3, transport="tcp")),
+        ("reductions over tcp n=3", lambda: run("job_reductions", 3, transport="tcp")),
+        ("async and groups over tcp n=3", lambda: run("job_async_and_groups", 3, transport="tcp")),
+        ("init over file://", case_file_init),
+        ("init over tcp://", lambda: run("job_async_and_groups", 2, init=f"tcp://127.0.0.1:{free_port()}")),
+        ("mismatched sizes: an error naming the ranks, over shm", lambda: run("job_mismatch", 3, timeout_s=20)),
+        ("mismatched sizes: an error naming the ranks, over tcp", lambda: run("job_mismatch", 3, transport="tcp", timeout_s=20)),
+        ("under torchrun, 3 ranks", lambda: launched([sys.executable, "-m", "collx_torch.run", "--standalone", "--nproc_per_node=3",
+                                                      me, "--as-rank", "job_async_and_groups"], 3)),
+        ("under mpirun, 3 ranks", lambda: launched(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "3",
+                                                    sys.executable, me, "--as-rank", "job_movers"], 3)),
+        ("a rank killed mid-training, over shm", lambda: run_killed("shm")),
+        ("a rank killed mid-training, over tcp", lambda: run_killed("tcp")),
+    ]
+    failed = []
+    for name, f in cases:
+        if a.k and a.k not in name:
+            continue
+        t0 = time.monotonic()
+        try:
+            f()
+            print(f"ok      {name} ({time.monotonic() - t0:.1f} s)", flush=True)
+        except Exception:  # noqa: BLE001
+            failed.append(name)
+            print(f"FAILED  {name}\n{traceback.format_exc()}", flush=True)
+    print(f"== {len(failed)} failed" + ("".join(f"\n  {x}" for x in failed) if failed else ""))
+    return 1 if failed else 0
+
+
+def run_killed(transport):
+    """Rank 1 kills itself; the others exit 0 only when they raised in time (job_killed)."""
+    run("job_killed", 3, transport=transport, timeout_s=10, expect_exit={1: -signal.SIGKILL})
+
+
+if __name__ == "__main__":
+    sys.exit(main())
