@@ -275,7 +275,15 @@ def job_async_and_groups(rank, n):
     assert pg.transport == want, f"transport {pg.transport}, expected {want}"
 
 
+def past_init():
+    """A collective that every rank completes only once every rank has left init_process_group,
+    whose store-based barrier polls rank 0's store: a rank that fails on purpose and exits before
+    then takes the store from a rank still in that barrier ("Connection reset by peer")."""
+    dist.barrier()
+
+
 def job_mismatch(rank, n):
+    past_init()
     t = torch.ones(10 + rank)  # every rank a different size
     try:
         dist.all_reduce(t)
@@ -288,6 +296,7 @@ def job_mismatch(rank, n):
 
 def job_killed(rank, n):
     """Rank 1 dies (SIGKILL) in the middle of training; the others must raise, within the timeout."""
+    past_init()
     model = torch.nn.Linear(256, 256)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
