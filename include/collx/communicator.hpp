@@ -27,6 +27,7 @@
 #include "detail/schedule_cache.hpp"
 #include "schedule.hpp"
 #include "signature.hpp"
+#include "split_plan.hpp"
 
 namespace collx {
 
@@ -97,6 +98,9 @@ class communicator {
   /// and unique among the job's communicators. Defined in split.hpp.
   template <class Agree>
   communicator create_group(const std::vector<int>& members, const std::string& id, Agree&& agree, const std::string& name = {});
+  /// What split() and create_group() end with: the new communicator of an agreed plan, over
+  /// this transport's split, named `name` (default: the plan's id). Defined in split.hpp.
+  communicator child_of(split_plan plan, split_offer&& offer, const std::string& name);
 
   /// The sequence number of the next collective call (1-based).
   std::uint64_t next_seq() noexcept { return ++s_->seq; }

@@ -66,10 +66,15 @@ communicator<T> communicator<T>::split(int color, int key, const std::string& na
   plan.rank = int(std::find(members.begin(), members.end(), rank()) - members.begin());
   plan.members = members;
   for (int m : members) plan.offers.push_back(all[std::size_t(m)].blob);
+  return child_of(std::move(plan), std::move(offer), name);
+}
+
+template <class T>
+communicator<T> communicator<T>::child_of(split_plan plan, split_offer&& offer, const std::string& name) {
   plan.timeout = opts().timeout;
   comm_identity id;
   id.name = name.empty() ? plan.id : name;
-  for (int m : members) id.job_ranks.push_back(job_rank(m));
+  for (int m : plan.members) id.job_ranks.push_back(job_rank(m));
   id.hash = detail::fnv1a(plan.id) | 1;  // never 0 (the job's own)
   communicator child = make_child(transport().split(plan, std::move(offer)), std::move(id));
   child.s_->uid = plan.id;
@@ -103,14 +108,7 @@ communicator<T> communicator<T>::create_group(const std::vector<int>& members, c
   plan.rank = int(me - members.begin());
   plan.members = members;
   plan.offers = offers;
-  plan.timeout = opts().timeout;
-  comm_identity cid;
-  cid.name = name.empty() ? plan.id : name;
-  for (int m : members) cid.job_ranks.push_back(job_rank(m));
-  cid.hash = detail::fnv1a(plan.id) | 1;
-  communicator child = make_child(transport().split(plan, std::move(offer)), std::move(cid));
-  child.s_->uid = plan.id;
-  return child;
+  return child_of(std::move(plan), std::move(offer), name);
 }
 
 /// The communicators of a job laid out row-major as a dims[0] x dims[1] x ... grid (the last

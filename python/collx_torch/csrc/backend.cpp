@@ -112,15 +112,7 @@ class CollxWork final : public c10d::Work {
   CollxWork(int rank, c10d::OpType t, std::shared_ptr<call_slot> s, c10::intrusive_ptr<c10::ivalue::Future> f)
       : c10d::Work(rank, t), s_(std::move(s)), fut_(std::move(f)) {}
   bool isCompleted() override { return s_->test(); }
-  bool isSuccess() const override {
-    if (!s_->test()) return false;
-    try {
-      s_->wait();
-      return true;
-    } catch (...) {
-      return false;
-    }
-  }
+  bool isSuccess() const override { return s_->test() && exception() == nullptr; }
   std::exception_ptr exception() const override {
     if (!s_->test()) return nullptr;
     try {
@@ -170,7 +162,7 @@ std::span<std::byte> bytes(const at::Tensor& t) {
   return {static_cast<std::byte*>(t.data_ptr()), t.numel() * t.element_size()};
 }
 
-/// Inputs as one contiguous buffer (a copy only when they are not one already).
+/// The inputs, flattened and concatenated into one new contiguous buffer.
 at::Tensor flat_of(const std::vector<at::Tensor>& ts, const at::Tensor& like) {
   if (ts.empty()) return at::empty({0}, like.options());
   std::vector<at::Tensor> f;
@@ -661,7 +653,7 @@ class ProcessGroupCollx final : public c10d::ProcessGroup {
     ++seq_;
     auto fut = make_future();
     if (batch_) {
-      batch_->then([body, fut, outputs](comm_t& c) { body(c); });
+      batch_->then(body);  // its future completes with the batch's (endCoalescing)
       return in_batch(type, outputs, fut);
     }
     auto slot = std::make_shared<call_slot>();
