@@ -57,11 +57,11 @@ torch_backend_tests() {
   /usr/bin/python3 python/examples/compare_ddp.py --np 2 --model mlp --steps 8 --zero --quiet
   # PyTorch's own suite: the tests that ran in the full run recorded in torch_tests_record.json
   # (./run.sh torch-tests runs all of them and rewrites it); the others are listed with the
-  # reasons torch gave. Receive from any source is not in collx yet: those tests are left out.
+  # reasons torch gave.
   for w in 2 3; do
     stage "PyTorch's DistributedTest against collx, WORLD_SIZE=$w: the tests that apply to a CPU plugin backend"
     WORLD_SIZE=$w /usr/bin/python3 python/tests/torch_distributed_tests.py --start fork \
-      --applicable python/tests/torch_tests_record.json --exclude any_source
+      --applicable python/tests/torch_tests_record.json
   done
 }
 

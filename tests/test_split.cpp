@@ -364,3 +364,43 @@ TEST_CASE("errors on a split communicator name it and both ranks: the child's an
     CHECK(e.find("rank 1 passed color -5") != std::string::npos);
   }
 }
+
+TEST_CASE("a rank that destroys a communicator has left it: its peers in it learn so at once", "[split][errors]") {
+  // Rank 1 drops its child at once; rank 0's all_reduce on the child must end with peer_lost
+  // naming it, long before the 20 s deadline, over every transport (the thread transport's
+  // child used to stay live until the deadline).
+  collx::options o;
+  o.timeout = 20s;
+  auto body = [](auto& comm) {
+    auto child = comm.split(0, comm.rank(), "left-early");
+    if (comm.rank() == 1) {
+      { auto gone = std::move(child); }
+      collx::barrier(comm);  // alive in the job, gone from the child, until rank 0 has seen it
+      return;
+    }
+    std::vector<int> v(8, 1);
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      collx::all_reduce(child, std::span{v}, collx::ops::sum{});
+    } catch (const collx::error& e) {
+      const std::string what = e.what();
+      const bool ok = e.code() == collx::errc::peer_lost && what.find("rank 1 (job rank 1)") != std::string::npos &&
+                      what.find("left") != std::string::npos && std::chrono::steady_clock::now() - t0 < 10s;
+      if (!ok) throw std::runtime_error("rank 0 got: " + what);
+      collx::barrier(comm);
+      return;
+    }
+    throw std::runtime_error("rank 0's all_reduce on a communicator rank 1 had destroyed returned");
+  };
+  auto outcome = [](auto&& launch) {
+    try {
+      launch();
+      return std::string();
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+  };
+  CHECK(outcome([&] { collx::launch_threads(2, body, o); }) == "");
+  CHECK(outcome([&] { collx::launch_processes(2, body, o); }) == "");
+  CHECK(outcome([&] { collx::launch_processes(2, body, o, collx::transport::tcp_config{}); }) == "");
+}

@@ -2,8 +2,10 @@
 // one peer than any queue holds, and the one rule of point-to-point calls.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <numeric>
+#include <thread>
 
 #include "harness.hpp"
 
@@ -136,8 +138,119 @@ void point_to_point_rule(std::size_t count) {
   CHECK(std::chrono::steady_clock::now() - t0 < 15s);
 }
 
+/// recv_any at n ranks: rank 0 takes one message from each sender (the even ranks and the
+/// last), in whatever order they come. The other ranks have gone on to a gather to rank 0, whose
+/// messages reach it first (the senders wait a little) and sit at the head of their channels,
+/// scanned first: not point to point, so never taken for one. Then a receive restricted to one
+/// rank takes that rank's message though another's came first. Every message's source and
+/// elements are checked, and the gather after them.
+template <class L>
+void receive_from_any_source(int n, std::size_t count) {
+  CAPTURE(L::name, n, count);
+  auto value = [](int r, std::size_t i) { return std::int64_t(r) * 1000003 + std::int64_t(i); };
+  auto sends = [n](int r) { return r >= 1 && (r % 2 == 0 || r == n - 1); };
+  std::string problem;
+  try {
+    L{}(n, [&](auto& comm) {
+      const int r = comm.rank();
+      std::vector<std::int64_t> mine(count);
+      for (std::size_t i = 0; i < count; ++i) mine[i] = value(r, i);
+      if (r == 0) {
+        std::vector<int> seen, want;
+        for (int q = 1; q < n; ++q)
+          if (sends(q)) want.push_back(q);
+        for (std::size_t k = 0; k < want.size(); ++k) {
+          std::vector<std::int64_t> got(count, -1);
+          const int src = collx::recv_any(comm, std::span{got});
+          if (src <= 0 || src >= n || !sends(src)) throw std::runtime_error("recv_any returned rank " + std::to_string(src));
+          for (std::size_t i = 0; i < count; ++i)
+            if (got[i] != value(src, i))
+              throw std::runtime_error("element " + std::to_string(i) + " from rank " + std::to_string(src) + " is " + std::to_string(got[i]));
+          seen.push_back(src);
+        }
+        std::sort(seen.begin(), seen.end());
+        if (seen != want) throw std::runtime_error("recv_any: some rank was received twice");
+      } else if (sends(r)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        collx::send(comm, std::span{mine}, 0);
+      }
+      const std::vector<std::int64_t> one{r + 1};
+      std::vector<std::int64_t> all(std::size_t(r == 0 ? n : 0));
+      collx::gather(comm, std::span<const std::int64_t>{one}, std::span{all}, 0);
+      for (std::size_t q = 0; q < all.size(); ++q)
+        if (all[q] != std::int64_t(q) + 1) throw std::runtime_error("gather after recv_any: block " + std::to_string(q));
+      // Restricted to the last rank: rank 1's message, sent first, waits for the plain recv.
+      if (n >= 3) {
+        const int last = n - 1;
+        if (r == 1 || r == last) {
+          if (r == last) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          collx::send(comm, std::span{mine}, 0);
+        } else if (r == 0) {
+          std::vector<std::int64_t> got(count, -1);
+          const int only = last;
+          if (const int src = collx::recv_any(comm, std::span{got}, std::span<const int>(&only, 1)); src != last)
+            throw std::runtime_error("recv_any from rank " + std::to_string(last) + " only returned rank " + std::to_string(src));
+          if (count != 0 && got[count - 1] != value(last, count - 1)) throw std::runtime_error("restricted: wrong data");
+          collx::recv(comm, std::span{got}, 1);
+          if (count != 0 && got[0] != value(1, 0)) throw std::runtime_error("after restricted: wrong data from rank 1");
+        }
+      }
+    }, with_timeout(20s));
+  } catch (const std::exception& e) {
+    problem = e.what();
+  }
+  CHECK(problem == "");
+}
+
 }  // namespace
 
+TEMPLATE_TEST_CASE("receive from any source: every sender once, whatever the order", "[transports][p2p]", launch_threads_t,
+                   launch_shm_t, launch_tcp_t) {
+  for (int n : {2, 3, 5, 8})
+    for (std::size_t count : {std::size_t(0), std::size_t(1), std::size_t(257), std::size_t(100003)})
+      receive_from_any_source<TestType>(n, count);
+}
+
+TEMPLATE_TEST_CASE("receive from any source: a wrong size, nobody sending, everybody gone", "[transports][p2p][errors]",
+                   launch_threads_t, launch_shm_t, launch_tcp_t) {
+  CAPTURE(TestType::name);
+  // A message of another size: a mismatch naming its sender.
+  try {
+    TestType{}(3, [](auto& comm) {
+      std::vector<float> v(comm.rank() == 2 ? 5 : 4, 1.0f);
+      if (comm.rank() == 0) collx::recv_any(comm, std::span{v});
+      else if (comm.rank() == 2) collx::send(comm, std::span{v}, 0);
+    }, with_timeout(5s));
+    FAIL("a message of the wrong size was taken");
+  } catch (const collx::error& e) {
+    CHECK_THAT(e.what(), Contains("expected 16 B from rank 2 but it sent 20 B"));
+  }
+  // Nobody sends, and the others wait: rank 0's deadline, naming whom it waited for.
+  try {
+    TestType{}(3, [](auto& comm) {
+      std::vector<float> v(4);
+      if (comm.rank() == 0) collx::recv_any(comm, std::span{v});
+      else std::this_thread::sleep_for(1s);
+    }, with_timeout(300ms));
+    FAIL("recv_any with no sender returned");
+  } catch (const collx::error& e) {
+    CHECK_THAT(e.what(), Contains("send/recv") && Contains("timed out after") &&
+                             Contains("waiting for a message from any of rank 1, rank 2"));
+  }
+  // Nobody sends, and the others have left: no waiting for the deadline.
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    TestType{}(3, [](auto& comm) {
+      std::vector<float> v(4);
+      if (comm.rank() == 0) collx::recv_any(comm, std::span{v});
+    }, with_timeout(20s));
+    FAIL("recv_any from ranks that left returned");
+  } catch (const collx::error& e) {
+    CHECK(e.code() == collx::errc::peer_lost);
+    CHECK_THAT(e.what(), Contains("every rank it could receive from has left"));
+  }
+  CHECK(std::chrono::steady_clock::now() - t0 < 10s);
+}
 TEMPLATE_TEST_CASE("a step with more messages to one peer than any queue holds completes", "[transports]", launch_threads_t,
                    launch_shm_t, launch_shm_single_copy_t, launch_tcp_t) {
   many_messages_in_one_step<TestType>(17, 1);

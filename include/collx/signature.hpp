@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -144,6 +145,20 @@ struct call_info {
   std::string peer(int p) const { return comm == nullptr ? "rank " + std::to_string(p) : comm->rank_name(p); }
 
   [[noreturn]] void fail(errc e, const std::string& what) const { throw error(e, prefix() + " " + what); }
+
+  /// "rank 1, rank 2 (job rank 5)": the ranks a receive from any source waits for.
+  std::string peers(std::span<const int> ps) const {
+    std::string s;
+    for (int p : ps) s += (s.empty() ? "" : ", ") + peer(p);
+    return s;
+  }
+  /// Whether a receive from any source (collectives/p2p.hpp, recv_any) may take a message of
+  /// signature `theirs` at the head of a peer's stream: a point-to-point message (sequence
+  /// number 0) of this communicator. Whether its size and element type fit, its receive checks.
+  bool takes_any_source(const call_signature& theirs) const noexcept { return theirs.seq == 0 && theirs.comm == sig.comm; }
+  [[noreturn]] void timed_out_any(std::span<const int> ps) const {
+    fail(errc::timeout, "timed out after " + detail::format_seconds(timeout) + " waiting for a message from any of " + peers(ps));
+  }
 
   [[noreturn]] void timed_out(int peer, const char* waiting_for) const {
     fail(errc::timeout, "timed out after " + detail::format_seconds(timeout) + " waiting for " + this->peer(peer) + " (" +

@@ -5,7 +5,7 @@ inputs, which each rank can rebuild), in real processes:
 
 - every collective, every dtype and op, rank counts 1, 2, 3, 5 and counts 0, 1, N-1, N+1 and a
   prime, over shm, and over tcp at 3 ranks;
-- non-contiguous tensors, PREMUL_SUM, coalesced calls, batch_isend_irecv, new_group;
+- non-contiguous tensors, PREMUL_SUM, coalesced calls, batch_isend_irecv, recv from any source, new_group;
 - init over env://, file:// and tcp://;
 - faults: mismatched sizes give collx's error naming the ranks; a rank killed mid-training makes
   the others raise within init_process_group's timeout; /dev/shm is left clean.
@@ -229,6 +229,24 @@ def job_movers(rank, n):
                 t = torch.empty(3)
                 dist.recv(t, src)
                 expect_equal(t, torch.full((3,), float(src * 10 + rank)), f"recv from {src}")
+        # receive from any source: rank 0 takes one message from every other rank, recv and
+        # irecv alternately, in whatever order they come; the sender's rank is returned
+        if rank == 0:
+            seen = []
+            for k in range(1, n):
+                t = torch.full((5,), -1, dtype=torch.int64)
+                if k % 2:
+                    sender = dist.recv(t)
+                else:
+                    w = dist.irecv(t)
+                    w.wait()
+                    sender = w._source_rank()
+                expect_equal(t, torch.arange(5, dtype=torch.int64) + 100 * sender, f"recv from any source (got rank {sender})")
+                seen.append(sender)
+            if sorted(seen) != list(range(1, n)):
+                raise AssertionError(f"recv from any source: senders {seen}, expected each of 1..{n - 1} once")
+        else:
+            dist.send(torch.arange(5, dtype=torch.int64) + 100 * rank, 0)
     dist.barrier()
 
 

@@ -67,6 +67,36 @@ void recv(communicator<T>& comm, std::span<E> data, int peer) {
   detail::execute(comm, call, s, static_cast<const E*>(nullptr), data.data(), no_op{});
 }
 
+/// Receives `data.size()` elements from whichever rank of `from` (every other rank when it is
+/// empty) has a message for this rank first, and returns that rank: MPI_ANY_SOURCE, torch's
+/// recv without a source. The message is an ordinary send, under the rule above; when several
+/// are there, the first rank in `from` wins. It waits up to the communicator's timeout; a
+/// rank that failed ends the wait (errc::peer_lost), ranks that left only once all of `from` have.
+template <class T, class E>
+int recv_any(communicator<T>& comm, std::span<E> data, std::span<const int> from = {}) {
+  static_assert(requires(T& t, std::span<const int> p, const call_info& c) { t.probe(p, c); },
+                "collx: recv_any needs a transport that can receive from any source (a probe member: inproc, shm, tcp, any)");
+  const detail::call_queue::turn turn(detail::queue_of(comm, "send/recv"));
+  const call_info call = detail::p2p_call<E>(comm);
+  std::vector<int> peers(from.begin(), from.end());
+  if (peers.empty())
+    for (int q = 0; q < comm.size(); ++q)
+      if (q != comm.rank()) peers.push_back(q);
+  COLLX_REQUIRE(!peers.empty(), comm, call, "recv_any: there is no other rank to receive from");
+  for (int p : peers) detail::check_peer(comm, call, p, "recv_any");
+  int src = -1;
+  try {
+    src = comm.transport().probe(std::span<const int>(peers), call);
+  } catch (const std::exception& e) {
+    comm.transport().abort(e.what());  // as a failed step does (executor.hpp)
+    throw;
+  }
+  schedule s;
+  s.recv(src, {buf::out, 0, data.size()});
+  detail::execute(comm, call, s, static_cast<const E*>(nullptr), data.data(), no_op{});
+  return src;
+}
+
 /// Sends `out` to rank `dst` and receives `in` from rank `src` in one step (both at once, so
 /// two ranks may sendrecv with each other, or a ring of ranks pass data along, without waiting
 /// for one another). `dst` and `src` may be the same rank; `out` and `in` must not overlap.

@@ -12,6 +12,7 @@
 
 #include "../concepts.hpp"
 #include "../error.hpp"
+#include "../signature.hpp"
 #include "../split_plan.hpp"
 
 namespace collx::transport {
@@ -32,6 +33,8 @@ class any {
   void exchange(std::span<const send_desc> s, std::span<const recv_desc> r, const exchange_context& c) {
     p_->exchange(s, r, c);
   }
+  /// Receive from any source (collectives/p2p.hpp), where the held transport can.
+  int probe(std::span<const int> peers, const call_info& call) { return p_->probe(peers, call); }
   void abort(const std::string& why) noexcept { p_->abort(why); }
   void leave() noexcept { p_->leave(); }
   /// The transport's own name ("inproc", "shm", ...).
@@ -46,6 +49,7 @@ class any {
     virtual int rank() const noexcept = 0;
     virtual int size() const noexcept = 0;
     virtual void exchange(std::span<const send_desc>, std::span<const recv_desc>, const exchange_context&) = 0;
+    virtual int probe(std::span<const int>, const call_info&) = 0;
     virtual void abort(const std::string&) noexcept = 0;
     virtual void leave() noexcept = 0;
     virtual const char* kind() const noexcept = 0;
@@ -61,6 +65,10 @@ class any {
     int size() const noexcept override { return t.size(); }
     void exchange(std::span<const send_desc> s, std::span<const recv_desc> r, const exchange_context& c) override {
       t.exchange(s, r, c);
+    }
+    int probe(std::span<const int> peers, const call_info& call) override {
+      if constexpr (requires { t.probe(peers, call); }) return t.probe(peers, call);
+      else call.fail(errc::invalid_argument, std::string("transport ") + T::name + " cannot receive from any source");
     }
     void abort(const std::string& w) noexcept override { t.abort(w); }
     void leave() noexcept override {

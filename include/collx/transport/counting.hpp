@@ -44,6 +44,10 @@ class counting {
       if (x.how != combine::copy) t_.bytes_reduced += x.bytes;
     }
   }
+  /// Receive from any source: the inner transport's (what it then receives is counted as usual).
+  int probe(std::span<const int> peers, const call_info& call)
+    requires requires(T& t) { t.probe(peers, call); }
+  { return inner_.probe(peers, call); }
   void abort(const std::string& why) noexcept { inner_.abort(why); }
   void leave() noexcept
     requires requires(T& t) { t.leave(); }

@@ -151,6 +151,24 @@ class inproc {
   };
 
   inproc(std::shared_ptr<group> g, int rank) : g_(std::move(g)), rank_(rank), spin_(detail::spin_for(g_->size(), g_->cores())) {}
+  // One rank's place in its group: destroyed, the rank has left it (a communicator split from
+  // the job, dropped while its peers still call on it: they learn at once, as over shm and
+  // tcp, instead of at their deadline). Moved, never copied.
+  inproc(inproc&&) noexcept = default;
+  inproc& operator=(inproc&& o) noexcept {
+    if (this != &o) {
+      leave();
+      g_ = std::move(o.g_);
+      rank_ = o.rank_;
+      spin_ = o.spin_;
+      ss_ = std::move(o.ss_);
+      rs_ = std::move(o.rs_);
+    }
+    return *this;
+  }
+  inproc(const inproc&) = delete;
+  inproc& operator=(const inproc&) = delete;
+  ~inproc() { leave(); }
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return g_->size(); }
@@ -303,6 +321,41 @@ class inproc {
     }
   }
 
+  /// Receive from any source (collectives/p2p.hpp, recv_any): waits until the channel from one
+  /// of `peers` holds a point-to-point message of this communicator at its head, and returns
+  /// that peer (the first in `peers` when several do). Nothing is taken.
+  int probe(std::span<const int> peers, const call_info& call) {
+    if (const rank_state me = g_->state(rank_); me != rank_state::live)
+      call.fail(errc::peer_lost, me == rank_state::failed ? "this rank already failed: " + g_->why(rank_)
+                                                          : std::string("this rank has already left the communicator"));
+    int found = -1;
+    auto ready = [&] {
+      for (int p : peers) {
+        const channel& ch = g_->chan(p, rank_);
+        const std::uint32_t tail = ch.consumed.load(std::memory_order_relaxed);
+        if (ch.posted.load(std::memory_order_acquire) == tail) continue;
+        if (call.takes_any_source(ch.slots[tail % kDepth].sig)) {
+          found = p;
+          return true;
+        }
+      }
+      return false;
+    };
+    // A failure anywhere ends the wait, as in a step; peers that left only when all of them have.
+    auto check = [&] {
+      if (ready()) return;
+      if (const int f = g_->first_failed(); f >= 0 && f != rank_)
+        call.fail(errc::peer_lost, "the job was aborted while waiting for a message from any of " + call.peers(peers) + ": " +
+                                       call.peer(f) + " failed: " + g_->why(f));
+      for (int p : peers)
+        if (g_->state(p) == rank_state::live) return;
+      call.fail(errc::peer_lost, "every rank it could receive from has left the communicator (" + call.peers(peers) + ")");
+    };
+    if (detail::wait_on(g_->doorbell(rank_), ready, check, call.timeout, false, spin_) == detail::wait_result::timed_out)
+      call.timed_out_any(peers);
+    return found;
+  }
+
   /// Marks this rank failed, then waits until no peer is still reading its memory, so the
   /// caller may unwind and free its buffers. (A reader is a thread of this process that is
   /// copying: it ends, whatever its own state.)
@@ -312,8 +365,10 @@ class inproc {
       while (g_->chan(rank_, q).reading.load(std::memory_order_seq_cst) != 0) detail::cpu_relax();
   }
 
-  /// Called by launch_threads when this rank's function returns.
-  void leave() noexcept { g_->leave(rank_, false, {}); }
+  /// Called by launch_threads when this rank's function returns, and on destruction.
+  void leave() noexcept {
+    if (g_) g_->leave(rank_, false, {});
+  }
 
  private:
   struct send_state {

@@ -420,6 +420,45 @@ class shm {
     }
   }
 
+  /// Receive from any source (collectives/p2p.hpp, recv_any): waits until the channel from one
+  /// of `peers` holds a point-to-point message of this communicator at its head (its first
+  /// chunk's line is posted), and returns that peer (the first in `peers` when several do).
+  /// Nothing is taken.
+  int probe(std::span<const int> peers, const call_info& call) {
+    using namespace shm_layout;
+    if (base_ == nullptr || left_ || aborted_)
+      call.fail(errc::peer_lost, aborted_ ? "this rank's shared-memory transport already failed: " + std::string(me().why, strnlen(me().why, sizeof me().why))
+                                          : std::string("this rank's shared-memory transport has already left the job"));
+    int found = -1;
+    auto ready = [&] {
+      for (int p : peers) {
+        const channel_ctl& c = ctl(p, rank_);
+        const std::uint32_t consumed = c.consumed.load(std::memory_order_relaxed);
+        const slot_line& sl = c.line[consumed % kLines];
+        if (sl.seq.load(std::memory_order_acquire) != consumed + 1) continue;
+        // The signature is published before the line (a stale one, overwritten by a sender
+        // many calls ahead, no longer has the line's hash: its receive reports that).
+        const call_signature theirs = rc(p).sigs[sl.body.sig_at % kSigRing];
+        if (call.takes_any_source(theirs) && theirs.hash() == sl.body.sig_hash) {
+          found = p;
+          return true;
+        }
+      }
+      return false;
+    };
+    // A failure anywhere ends the wait, as in a step; peers that left only when all of them have.
+    auto check = [&] {
+      bool all_gone = true;
+      for (int p : peers) all_gone = peer_gone(p) && all_gone;
+      if ((!all_gone && !failed_elsewhere()) || ready()) return;
+      report_failed_elsewhere(call);
+      call.fail(errc::peer_lost, "every rank it could receive from has left the job (" + call.peers(peers) + ")");
+    };
+    if (detail::wait_on(me().doorbell, ready, check, call.timeout, true, spin_) == detail::wait_result::timed_out)
+      call.timed_out_any(peers);
+    return found;
+  }
+
   /// Marks this rank failed (peers then fail fast with errc::peer_lost) and wakes everyone. A
   /// peer in the middle of reading this rank's memory (single copy) gets to finish, for at most
   /// kAbortReadWait, and not at all once it has died; a read that ends after that finds this

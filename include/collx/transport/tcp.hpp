@@ -135,6 +135,8 @@ class tcp {
   void exchange(std::span<const send_desc> sends, std::span<const recv_desc> recvs, const exchange_context& ctx) {
     net_.exchange(sends, recvs, ctx);
   }
+  /// Receive from any source: tcp_detail::streams::probe.
+  int probe(std::span<const int> peers, const call_info& call) { return net_.probe(peers, call); }
   /// This rank failed: peers learn why, then see the connections close (errc::peer_lost).
   void abort(const std::string& why) noexcept {
     if (!moved_from_) net_.abort(why);

@@ -129,10 +129,18 @@ class CollxWork final : public c10d::Work {
   void synchronize() override {}
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return fut_; }
   std::vector<at::Tensor> result() override { return fut_->value().toTensorVector(); }
+  /// The sender of a receive from any source (torch reads it after wait()).
+  int sourceRank() const override {
+    if (!source_) return c10d::Work::sourceRank();  // throws: not such a receive
+    s_->wait();
+    return source_->load(std::memory_order_acquire);
+  }
+  void set_source(std::shared_ptr<std::atomic<int>> s) { source_ = std::move(s); }
 
  private:
   std::shared_ptr<call_slot> s_;
   c10::intrusive_ptr<c10::ivalue::Future> fut_;
+  std::shared_ptr<std::atomic<int>> source_;
 };
 
 // ---- tensors ----------------------------------------------------------------------------------
@@ -636,8 +644,17 @@ class ProcessGroupCollx final : public c10d::ProcessGroup {
     return enqueue(c10d::OpType::RECV, tensors, [t, src](comm_t& c) { collx::recv(c, bytes(t), src); });
   }
 
-  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>&, int) override {
-    TORCH_CHECK(false, "collx: recv from any source is not supported: a collx receive names its sender (pass src)");
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int /* tag */) override {
+    check_one(tensors, "recv from any source");
+    TORCH_CHECK(getSize() > 1, "collx: recv from any source: there is no other rank in a group of one");
+    TORCH_CHECK(!batch_, "collx: a receive from any source cannot be coalesced (batch_isend_irecv names every peer)");
+    at::Tensor t = tensors[0];
+    TORCH_CHECK(t.is_contiguous(), "collx: recv into a non-contiguous tensor is not supported (receive into a contiguous one, then copy)");
+    auto source = std::make_shared<std::atomic<int>>(-1);
+    auto w = enqueue(c10d::OpType::RECVANYSOURCE, tensors,
+                     [t, source](comm_t& c) { source->store(collx::recv_any(c, bytes(t)), std::memory_order_release); });
+    static_cast<CollxWork*>(w.get())->set_source(std::move(source));
+    return w;
   }
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {

@@ -153,35 +153,7 @@ class streams {
       }
       return wrote;
     };
-    // Reads the next frame header from peer q if there is none held; true when one is held.
-    auto header = [&](peer& p, int q, bool& moved) {
-      if (p.have) return true;
-      if (p.mid_recv) return false;  // a receive is reading a payload from this stream
-      while (p.hoff < sizeof p.raw) {
-        const ssize_t r = ::recv(p.s.get(), p.raw + p.hoff, sizeof p.raw - p.hoff, MSG_DONTWAIT);
-        if (r > 0) {
-          p.hoff += std::size_t(r);
-          moved = true;
-          continue;
-        }
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
-        closed(q, call, r == 0 ? 0 : errno);
-      }
-      std::string why;
-      const auto h = tcp_wire::parse_header(std::span<const std::byte, sizeof p.raw>(p.raw), why);
-      if (!h) garbage(q, call, why);
-      if (h->kind == tcp_wire::msg_kind::bye) {
-        p.gone = true;
-        scan_aborts(call);  // it may have left because another rank failed: that is the news
-        call.fail(errc::peer_lost, "lost " + call.peer(q) + ": it has left the job (it made fewer calls than this rank)");
-      }
-      if (h->kind == tcp_wire::msg_kind::abort) aborted(q, call, std::size_t(h->bytes));
-      p.hoff = 0;
-      p.h = *h;
-      p.have = true;
-      return true;
-    };
+    auto header = [&](peer& p, int q, bool& moved) { return read_header(p, q, call, moved); };
     // Takes the held header when it is a cts (for the first send to q that waits for one) or,
     // while the peer's own request waits behind, an rts (set aside). False when what is held
     // is for a receive (or nothing is held).
@@ -383,6 +355,55 @@ class streams {
     }
   }
 
+  /// Receive from any source (collectives/p2p.hpp, recv_any): waits until the stream from one
+  /// of `peers` starts with a point-to-point request to send of this communicator (read and
+  /// held, or set aside earlier), and returns that peer (the first in `peers` when several
+  /// do). Headers of other frames read meanwhile stay held for the receive that takes them. A
+  /// peer that has left is passed over; the wait fails when every one has, or when one failed.
+  int probe(std::span<const int> peers, const call_info& call) {
+    if (dead_) call.fail(errc::peer_lost, "the tcp transport of this rank already failed: " + dead_why_);
+    auto found = [&]() -> int {
+      bool moved = false;
+      int live = 0;
+      for (int q : peers) {
+        peer& p = peers_[std::size_t(q)];
+        if (p.left) continue;
+        ++live;
+        if (!p.aside.empty()) {
+          if (call.takes_any_source(p.aside.front().sig)) return q;
+          continue;
+        }
+        try {
+          if (!p.s || !read_header(p, q, call, moved)) continue;
+        } catch (const error&) {
+          if (!p.left) throw;
+          --live;
+          continue;
+        }
+        if (p.h.kind == tcp_wire::msg_kind::rts && call.takes_any_source(p.h.sig)) return q;
+      }
+      if (live == 0)
+        call.fail(errc::peer_lost, "every rank it could receive from has left the job (" + call.peers(peers) + ")");
+      return -1;
+    };
+    const auto start = net::clock::now();
+    for (;;) {
+      if (const int q = found(); q >= 0) return q;
+      const auto now = net::clock::now();
+      if (!crowded_ && now - start < kSpinTime) {
+        detail::cpu_relax();
+        continue;
+      }
+      if (now - start >= call.timeout) call.timed_out_any(peers);
+      scan_aborts(call);  // a failure anywhere ends the wait
+      pfd_.clear();
+      for (int q : peers)
+        if (const peer& p = peers_[std::size_t(q)]; p.s && !p.left && !p.have && !p.mid_recv) pfd_.push_back({p.s.get(), POLLIN, 0});
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(call.timeout - (now - start)).count();
+      ::poll(pfd_.data(), pfd_.size(), int(std::clamp<long long>(left + 1, 1, detail::kSleepSlice.count())));
+    }
+  }
+
   /// This rank failed: tell peers why where a stream is between frames, then close
   /// everything (peers see the connection end and fail with errc::peer_lost).
   void abort(const std::string& why) noexcept {
@@ -411,7 +432,7 @@ class streams {
   struct peer {
     net::fd s;
     std::string where;
-    bool mid_send = false, mid_recv = false, gone = false;
+    bool mid_send = false, mid_recv = false, gone = false, left = false;
     // incoming: a frame header being read, or read and held until someone takes it
     std::byte raw[sizeof(tcp_wire::msg_header)];
     std::size_t hoff = 0;
@@ -453,6 +474,37 @@ class streams {
 
   void close_all() noexcept {
     for (peer& p : peers_) p.s.reset();
+  }
+
+  /// Reads the next frame header from peer q if there is none held; true when one is held. A
+  /// farewell or an abort frame throws errc::peer_lost (a farewell marks the peer `left`).
+  bool read_header(peer& p, int q, const call_info& call, bool& moved) {
+    if (p.have) return true;
+    if (p.mid_recv) return false;  // a receive is reading a payload from this stream
+    while (p.hoff < sizeof p.raw) {
+      const ssize_t r = ::recv(p.s.get(), p.raw + p.hoff, sizeof p.raw - p.hoff, MSG_DONTWAIT);
+      if (r > 0) {
+        p.hoff += std::size_t(r);
+        moved = true;
+        continue;
+      }
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return false;
+      closed(q, call, r == 0 ? 0 : errno);
+    }
+    std::string why;
+    const auto h = tcp_wire::parse_header(std::span<const std::byte, sizeof p.raw>(p.raw), why);
+    if (!h) garbage(q, call, why);
+    if (h->kind == tcp_wire::msg_kind::bye) {
+      p.gone = p.left = true;
+      scan_aborts(call);  // it may have left because another rank failed: that is the news
+      call.fail(errc::peer_lost, "lost " + call.peer(q) + ": it has left the job (it made fewer calls than this rank)");
+    }
+    if (h->kind == tcp_wire::msg_kind::abort) aborted(q, call, std::size_t(h->bytes));
+    p.hoff = 0;
+    p.h = *h;
+    p.have = true;
+    return true;
   }
 
   [[noreturn]] void lost(int q, const call_info& call, const std::string& what) {
