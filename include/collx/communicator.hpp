@@ -152,19 +152,11 @@ class communicator {
   automatic_state& automatic() noexcept { return s_->auto_; }
 
   /// Scratch memory for schedules that need it; grows, never shrinks, reused across calls.
-  std::byte* scratch(std::size_t bytes) {
-    auto& v = s_->scratch;
-    if (v.size() < bytes) v.resize(bytes);
-    return v.data();
-  }
+  std::byte* scratch(std::size_t bytes) { return s_->scratch.at_least(bytes); }
 
   /// Memory a fused batch packs its all-reduces in (fuse.hpp): kept apart from scratch(), which
   /// the packed all_reduce itself may use; grows, never shrinks.
-  std::byte* pack_buffer(std::size_t bytes) {
-    auto& v = s_->pack;
-    if (v.size() < bytes) v.resize(bytes);
-    return v.data();
-  }
+  std::byte* pack_buffer(std::size_t bytes) { return s_->pack.at_least(bytes); }
 
   /// The order of this communicator's calls (detail/call_queue.hpp).
   detail::call_queue& calls_queue() { return s_->queue; }
@@ -186,6 +178,11 @@ class communicator {
     std::size_t size() const { return v.size() * sizeof(line); }
     void resize(std::size_t n) { v.resize((n + sizeof(line) - 1) / sizeof(line)); }
     std::byte* data() { return v.empty() ? nullptr : v.front().b; }
+    /// At least `n` bytes: grows, never shrinks.
+    std::byte* at_least(std::size_t n) {
+      if (size() < n) resize(n);
+      return data();
+    }
   };
   struct state {
     state(T x, options o) : t(std::move(x)), opts(o) {}

@@ -96,7 +96,7 @@ class call_queue {
       if (tl_running == &q) return;
       ex_ = std::unique_lock(q.exec_);
       tl_running = &q;
-      while (auto t = q.pop()) q.run(*t);
+      q.run_queued();
     }
     ~turn() { tl_running = prev_; }
     turn(const turn&) = delete;
@@ -144,15 +144,9 @@ class call_queue {
   void wait_for(call_task& t) {
     if (t.test()) return;
     if (tl_running == this || t.st_.load(std::memory_order_acquire) == call_task::kQueued) {
-      std::unique_lock<std::mutex> ex;
-      if (tl_running != this) ex = std::unique_lock(exec_);  // waits while the thread runs a call
+      const auto ex = exec_lock();  // waits while the thread runs a call
       scope s(this);
-      // Under exec_ nobody else takes calls: t is queued still, or done.
-      while (!t.test()) {
-        auto n = pop();
-        if (!n) break;
-        run(*n);
-      }
+      run_queued(&t);  // under exec_ nobody else takes calls: t is queued still, or done
     }
     // The thread runs it: sleep until it is done, saying so first.
     for (int s = t.st_.load(std::memory_order_acquire); (s & call_task::kStateMask) != call_task::kDone;
@@ -170,10 +164,9 @@ class call_queue {
     futex_wake_all(bell_, false);
     if (worker_.joinable() && worker_.get_id() != std::this_thread::get_id()) worker_.join();
     // Without a thread (it could not start), or called from it: run the rest here.
-    std::unique_lock ex(exec_, std::defer_lock);
-    if (tl_running != this) ex.lock();
+    const auto ex = exec_lock();
     scope s(this);
-    while (auto t = pop()) run(*t);
+    run_queued();
     if (head_ != stub_.get()) {  // the last call taken: the queue's reference goes
       head_->self_.reset();
       head_ = tail_ = stub_.get();
@@ -203,6 +196,19 @@ class call_queue {
   /// Calls queued and not yet taken (any thread may ask).
   bool pending() const noexcept {
     return pushed_.load(std::memory_order_seq_cst) != popped_.load(std::memory_order_seq_cst);
+  }
+
+  /// exec_, unless this thread holds it already (it is running one of this queue's calls).
+  std::unique_lock<std::mutex> exec_lock() {
+    return tl_running == this ? std::unique_lock<std::mutex>() : std::unique_lock<std::mutex>(exec_);
+  }
+  /// Runs the queued calls here, under exec_: all of them, or until `until` has run.
+  void run_queued(call_task* until = nullptr) {
+    while (until == nullptr || !until->test()) {
+      call_task* n = pop();
+      if (n == nullptr) break;
+      run(*n);
+    }
   }
 
   void run(call_task& t) noexcept {
@@ -250,7 +256,7 @@ class call_queue {
         continue;
       }
       scope s(this);
-      while (auto t = pop()) run(*t);
+      run_queued();
       busy_at = clock::now();
     }
   }
