@@ -237,6 +237,46 @@ TEMPLATE_TEST_CASE("receive from any source: a wrong size, nobody sending, every
     CHECK_THAT(e.what(), Contains("send/recv") && Contains("timed out after") &&
                              Contains("waiting for a message from any of rank 1, rank 2"));
   }
+  // A rank fails (not one received from) while rank 0 waits for rank 1, which stays: the
+  // failure ends the wait at once, naming the failed rank; and so when rank 1 has left first.
+  for (const bool first_leaves : {false, true}) {
+    CAPTURE(first_leaves);
+    std::string rank0;
+    try {
+      TestType{}(4, [&](auto& comm) {
+        const int r = comm.rank();
+        if (r == 3) {
+          std::this_thread::sleep_for(200ms);
+          throw std::runtime_error("rank 3 gives up");
+        }
+        if (r == 1) {
+          if (!first_leaves) std::this_thread::sleep_for(3s);
+          return;
+        }
+        if (r == 2) {
+          std::this_thread::sleep_for(3s);
+          return;
+        }
+        std::vector<float> v(4);
+        const int from[] = {1, 2};
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+          collx::recv_any(comm, std::span{v}, std::span<const int>(from));
+        } catch (const collx::error& e) {
+          const std::string what = e.what();
+          if (e.code() != collx::errc::peer_lost || what.find("rank 3") == std::string::npos ||
+              std::chrono::steady_clock::now() - t0 > 2s)
+            throw std::runtime_error("rank 0 got: " + what);
+          return;
+        }
+        throw std::runtime_error("rank 0 got: recv_any returned");
+      }, with_timeout(20s));
+    } catch (const std::exception& e) {
+      rank0 = e.what();
+    }
+    CHECK_THAT(rank0, Contains("rank 3 gives up"));
+    CHECK_THAT(rank0, !Contains("rank 0 got"));
+  }
   // Nobody sends, and the others have left: no waiting for the deadline.
   const auto t0 = std::chrono::steady_clock::now();
   try {

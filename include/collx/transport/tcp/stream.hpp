@@ -496,8 +496,9 @@ class streams {
     const auto h = tcp_wire::parse_header(std::span<const std::byte, sizeof p.raw>(p.raw), why);
     if (!h) garbage(q, call, why);
     if (h->kind == tcp_wire::msg_kind::bye) {
-      p.gone = p.left = true;
+      p.gone = true;
       scan_aborts(call);  // it may have left because another rank failed: that is the news
+      p.left = true;      // (only now: the probe passes over a peer that left, not a failure)
       call.fail(errc::peer_lost, "lost " + call.peer(q) + ": it has left the job (it made fewer calls than this rank)");
     }
     if (h->kind == tcp_wire::msg_kind::abort) aborted(q, call, std::size_t(h->bytes));
