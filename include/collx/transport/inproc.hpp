@@ -181,9 +181,7 @@ class inproc {
 
   void exchange(std::span<const send_desc> sends, std::span<const recv_desc> recvs, const exchange_context& ctx) {
     const call_info& call = *ctx.call;
-    if (const rank_state me = g_->state(rank_); me != rank_state::live)
-      call.fail(errc::peer_lost, me == rank_state::failed ? "this rank already failed: " + g_->why(rank_)
-                                                          : std::string("this rank has already left the communicator"));
+    check_live(call);
     ss_.assign(sends.size(), {});
     rs_.assign(recvs.size(), {});
     std::size_t pending = sends.size() + recvs.size();
@@ -325,9 +323,7 @@ class inproc {
   /// of `peers` holds a point-to-point message of this communicator at its head, and returns
   /// that peer (the first in `peers` when several do). Nothing is taken.
   int probe(std::span<const int> peers, const call_info& call) {
-    if (const rank_state me = g_->state(rank_); me != rank_state::live)
-      call.fail(errc::peer_lost, me == rank_state::failed ? "this rank already failed: " + g_->why(rank_)
-                                                          : std::string("this rank has already left the communicator"));
+    check_live(call);
     int found = -1;
     auto ready = [&] {
       for (int p : peers) {
@@ -371,6 +367,12 @@ class inproc {
   }
 
  private:
+  /// A rank that failed or left takes part in no more calls.
+  void check_live(const call_info& call) const {
+    if (const rank_state me = g_->state(rank_); me != rank_state::live)
+      call.fail(errc::peer_lost, me == rank_state::failed ? "this rank already failed: " + g_->why(rank_)
+                                                          : std::string("this rank has already left the communicator"));
+  }
   struct send_state {
     bool posted = false, done = false;
     std::uint32_t ticket = 0;  // the `consumed` count that acknowledges it (counters wrap)

@@ -156,9 +156,7 @@ class shm {
   void exchange(std::span<const send_desc> sends, std::span<const recv_desc> recvs, const exchange_context& ctx) {
     using namespace shm_layout;
     const call_info& call = *ctx.call;
-    if (base_ == nullptr || left_ || aborted_)
-      call.fail(errc::peer_lost, aborted_ ? "this rank's shared-memory transport already failed: " + std::string(me().why, strnlen(me().why, sizeof me().why))
-                                          : std::string("this rank's shared-memory transport has already left the job"));
+    check_live(call);
     const std::size_t elem = std::max<std::size_t>(1, ctx.comb.elem_size);
     const std::size_t chunk = cfg_.slot_bytes / elem * elem;
     if (chunk == 0)
@@ -426,9 +424,7 @@ class shm {
   /// Nothing is taken.
   int probe(std::span<const int> peers, const call_info& call) {
     using namespace shm_layout;
-    if (base_ == nullptr || left_ || aborted_)
-      call.fail(errc::peer_lost, aborted_ ? "this rank's shared-memory transport already failed: " + std::string(me().why, strnlen(me().why, sizeof me().why))
-                                          : std::string("this rank's shared-memory transport has already left the job"));
+    check_live(call);
     int found = -1;
     auto ready = [&] {
       for (int p : peers) {
@@ -608,6 +604,12 @@ class shm {
 
   void release() noexcept;
 
+  /// A rank whose transport failed or left takes part in no more calls.
+  void check_live(const call_info& call) const {
+    if (base_ == nullptr || left_ || aborted_)
+      call.fail(errc::peer_lost, aborted_ ? "this rank's shared-memory transport already failed: " + std::string(me().why, strnlen(me().why, sizeof me().why))
+                                          : std::string("this rank's shared-memory transport has already left the job"));
+  }
   /// True when peer p can no longer take part: it failed, died, or left.
   bool peer_gone(int p) {
     using namespace shm_layout;

@@ -78,7 +78,7 @@ class streams {
 
   void exchange(std::span<const send_desc> sends, std::span<const recv_desc> recvs, const exchange_context& ctx) {
     const call_info& call = *ctx.call;
-    if (dead_) call.fail(errc::peer_lost, "the tcp transport of this rank already failed: " + dead_why_);
+    check_live(call);
     const std::size_t elem = std::max<std::size_t>(1, ctx.comb.elem_size);
     const bool sync = ctx.synchronous;
     ss_.assign(sends.size(), {});
@@ -361,7 +361,7 @@ class streams {
   /// do). Headers of other frames read meanwhile stay held for the receive that takes them. A
   /// peer that has left is passed over; the wait fails when every one has, or when one failed.
   int probe(std::span<const int> peers, const call_info& call) {
-    if (dead_) call.fail(errc::peer_lost, "the tcp transport of this rank already failed: " + dead_why_);
+    check_live(call);
     auto found = [&]() -> int {
       bool moved = false;
       int live = 0;
@@ -506,6 +506,11 @@ class streams {
     p.h = *h;
     p.have = true;
     return true;
+  }
+
+  /// A rank whose transport failed or left takes part in no more calls.
+  void check_live(const call_info& call) const {
+    if (dead_) call.fail(errc::peer_lost, "the tcp transport of this rank already failed: " + dead_why_);
   }
 
   [[noreturn]] void lost(int q, const call_info& call, const std::string& what) {
