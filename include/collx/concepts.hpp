@@ -21,14 +21,22 @@ struct transport_tag {};
 struct algorithm_policy_tag {};
 struct reduction_op_tag {};
 
-/// Where a transport's buffers live. Host transports use host_memory. A device transport names
-/// its own space, keeps its stream (the order of its work) as its own state, and supplies the
-/// three operations the executor would otherwise do on the host (executor.hpp):
-///   combiner combiner_for<E>(const Op&)   the reduction kernel for E and Op
+/// Where a transport's buffers live. Host transports use host_memory, and the executor runs each
+/// step of a schedule through their exchange(). A transport may instead take whole schedules:
+///   template <class E, class Op>
+///   void run_schedule(const call_info&, const schedule&, const E* in, E* out, const Op&)
+/// runs every step of one rank's schedule (its own scratch, its own way of moving data: a device
+/// transport lowers it to a plan one kernel walks, device/plan.hpp). A transport whose memory is
+/// not host memory must take whole schedules and supply the two local operations the executor
+/// would otherwise do on the host (executor.hpp checks that it does, by name, so a misspelt hook
+/// is a compile error and never a memmove on device pointers):
 ///   void copy_local(std::byte* dst, const std::byte* src, std::size_t bytes)
 ///   void finalize<E, Op>(E* p, std::size_t count, int ranks)   (avg's division)
 /// Policies never see memory: they only produce schedules of regions.
 struct host_memory {};
+
+/// Marker for collectives that reduce nothing.
+struct no_op {};
 
 // ---- what a transport exchanges -------------------------------------------------------------
 
@@ -116,6 +124,7 @@ bool may_progress(std::span<const Op> ops, const State& st, std::size_t i) {
   return true;
 }
 
+
 struct call_info;  // signature.hpp
 
 /// What a transport needs to run one step: the call (for matching and for error messages), how
@@ -130,17 +139,25 @@ struct exchange_context {
 
 // ---- Transport ------------------------------------------------------------------------------
 
+/// Whether T takes whole schedules (run_schedule, above) instead of one step at a time.
+template <class T>
+concept RunsSchedules = requires(T& t, const call_info& c, const schedule& s, const std::byte* in, std::byte* out) {
+  t.template run_schedule<std::byte>(c, s, in, out, no_op{});
+};
+
 template <class T>
 concept Transport = requires { typename T::transport_concept; } &&
                     std::same_as<typename T::transport_concept, transport_tag> &&
-                    requires(T& t, const T& ct, std::span<const send_desc> s, std::span<const recv_desc> r,
-                             const exchange_context& ctx, const std::string& why) {
+                    requires(T& t, const T& ct, const std::string& why) {
                       typename T::memory_space;
                       { ct.rank() } -> std::convertible_to<int>;
                       { ct.size() } -> std::convertible_to<int>;
-                      t.exchange(s, r, ctx);  // run one step: post the sends, serve the receives, wait
-                      t.abort(why);           // poison the communicator after a failure on this rank
-                    };
+                      t.abort(why);  // poison the communicator after a failure on this rank
+                    } &&
+                    (RunsSchedules<T> ||
+                     requires(T& t, std::span<const send_desc> s, std::span<const recv_desc> r, const exchange_context& ctx) {
+                       t.exchange(s, r, ctx);  // run one step: post the sends, serve the receives, wait
+                     });
 
 template <class T>
 constexpr bool check_transport() {
@@ -155,11 +172,26 @@ constexpr bool check_transport() {
                   "collx: a transport needs `int rank() const`");
     static_assert(requires(const T& t) { { t.size() } -> std::convertible_to<int>; },
                   "collx: a transport needs `int size() const`");
-    static_assert(requires(T& t, std::span<const send_desc> s, std::span<const recv_desc> r, const exchange_context& c) {
-                    t.exchange(s, r, c);
-                  },
+    static_assert(RunsSchedules<T> ||
+                      requires(T& t, std::span<const send_desc> s, std::span<const recv_desc> r, const exchange_context& c) {
+                        t.exchange(s, r, c);
+                      },
                   "collx: a transport needs `void exchange(span<const send_desc>, span<const recv_desc>, "
-                  "const exchange_context&)`");
+                  "const exchange_context&)`, or `template <class E, class Op> void run_schedule(const call_info&, "
+                  "const schedule&, const E* in, E* out, const Op&)`");
+    if constexpr (requires { typename T::memory_space; }) {
+      if constexpr (!std::same_as<typename T::memory_space, host_memory>) {
+        static_assert(RunsSchedules<T>,
+                      "collx: a transport whose memory_space is not host_memory must take whole schedules: "
+                      "`template <class E, class Op> void run_schedule(const call_info&, const schedule&, const E*, E*, const Op&)`");
+        static_assert(requires(T& t, std::byte* d, const std::byte* s, std::size_t n) { t.copy_local(d, s, n); },
+                      "collx: a transport whose memory_space is not host_memory needs "
+                      "`void copy_local(std::byte* dst, const std::byte* src, std::size_t bytes)`");
+        static_assert(requires(T& t, float* p, std::size_t n) { t.template finalize<float, no_op>(p, n, 1); },
+                      "collx: a transport whose memory_space is not host_memory needs "
+                      "`template <class E, class Op> void finalize(E* p, std::size_t count, int ranks)`");
+      }
+    }
     static_assert(requires(T& t, const std::string& w) { t.abort(w); },
                   "collx: a transport needs `void abort(const std::string&)`");
   }

@@ -27,9 +27,6 @@
 
 namespace collx {
 
-/// Marker for collectives that reduce nothing.
-struct no_op {};
-
 namespace detail {
 
 /// A bad argument on this rank. The call has taken its sequence number, and its peers are about
@@ -68,26 +65,26 @@ std::size_t checked_mul(communicator<T>& comm, const call_info& call, std::size_
   return r;
 }
 
-// Memory belongs to the transport: a transport whose buffers are not host memory (a CUDA one,
-// with its stream) supplies these three hooks and the executor uses them instead of the host
-// versions; a host transport supplies none.
-template <class E, class T, class Op>
-combiner make_combiner(T& t, const Op& op) {
-  if constexpr (requires { t.template combiner_for<E>(op); }) return t.template combiner_for<E>(op);
-  else return ops::host_combiner<E>(op);
-}
+// Memory belongs to the transport. Dispatched on its memory_space: a host transport's buffers
+// are reduced, copied and finalized here; a transport of another space takes whole schedules
+// and names its own copy_local and finalize (check_transport says so when it does not), so a
+// misspelt hook fails to compile instead of falling back to host code on device pointers.
+template <class T>
+inline constexpr bool host_memory_v = std::is_same_v<typename T::memory_space, host_memory>;
 
 template <class T>
 void local_copy(T& t, std::byte* dst, const std::byte* src, std::size_t bytes) {
-  if constexpr (requires { t.copy_local(dst, src, bytes); }) t.copy_local(dst, src, bytes);
-  else std::memmove(dst, src, bytes);
+  if constexpr (host_memory_v<T>) std::memmove(dst, src, bytes);
+  else t.copy_local(dst, src, bytes);
 }
 
 template <class E, class Op, class T>
 void finalize(T& t, E* p, std::size_t count, int n) {
-  if constexpr (requires { t.template finalize<E, Op>(p, count, n); }) t.template finalize<E, Op>(p, count, n);
-  else
+  if constexpr (host_memory_v<T>) {
     for (std::size_t i = 0; i < count; ++i) p[i] = Op::finalize(p[i], n);
+  } else {
+    t.template finalize<E, Op>(p, count, n);
+  }
 }
 
 /// Where a region is: a pointer, or a place in pieces.
@@ -144,15 +141,35 @@ void finalize_at(communicator<T>& comm, const located& x, std::size_t count) {
   });
 }
 
+/// A transport that takes whole schedules (concepts.hpp: RunsSchedules) runs this rank's; the
+/// op's finalize follows through the transport's hook. Its buffers are always two pointers: a
+/// fused batch packs for it (it does not take pieces).
 template <class T, class E, class Op, class Bufs>
-void execute(communicator<T>& comm, const call_info& call, const schedule& s, const Bufs& b, const Op& op) {
+void run_whole(communicator<T>& comm, const call_info& call, const schedule& s, const Bufs& b, const Op& op) {
+  if constexpr (!std::is_same_v<Bufs, flat_buffers<E>>) {
+    call.fail(errc::invalid_argument, "a transport that runs whole schedules was given a spread buffer");
+  } else {
+    try {
+      comm.transport().template run_schedule<E>(call, s, b.in, b.out, op);
+      if constexpr (has_finalize_v<Op, E>)
+        for (const region& r : s.finals()) finalize_at<E, Op>(comm, b.locate(r.b, r.offset), r.count);
+    } catch (const std::exception& e) {
+      comm.transport().abort(e.what());
+      throw;
+    }
+  }
+}
+
+/// The host executor: one exchange() per step.
+template <class T, class E, class Op, class Bufs>
+void execute_steps(communicator<T>& comm, const call_info& call, const schedule& s, const Bufs& b, const Op& op) {
   E* tmp = s.tmp_elems() ? reinterpret_cast<E*>(comm.scratch(s.tmp_elems() * sizeof(E))) : nullptr;
   auto at = [&](const region& r) -> located {
     if (r.b == buf::tmp) return {tmp ? reinterpret_cast<std::byte*>(tmp + r.offset) : nullptr, {}};
     return b.locate(r.b, r.offset);
   };
   combiner comb;
-  if constexpr (!std::is_same_v<Op, no_op>) comb = make_combiner<E>(comm.transport(), op);
+  if constexpr (!std::is_same_v<Op, no_op>) comb = ops::host_combiner<E>(op);
   comb.elem_size = sizeof(E);
   const exchange_context ctx{&call, comb, call.synchronous};
 
@@ -187,6 +204,15 @@ void execute(communicator<T>& comm, const call_info& call, const schedule& s, co
   } catch (const std::exception& e) {
     comm.transport().abort(e.what());
     throw;
+  }
+}
+
+template <class T, class E, class Op, class Bufs>
+void execute(communicator<T>& comm, const call_info& call, const schedule& s, const Bufs& b, const Op& op) {
+  if constexpr (RunsSchedules<T>) {
+    run_whole<T, E, Op>(comm, call, s, b, op);
+  } else {
+    execute_steps<T, E, Op>(comm, call, s, b, op);
   }
 }
 

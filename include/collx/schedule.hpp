@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstddef>
+#include <memory>
 #include <stdexcept>
 #include <cstdint>
 #include <string>
@@ -63,6 +64,7 @@ class schedule {
  public:
   /// Starts a new step at `time` (default: the step after the last one).
   void next_step(int time = -1) {
+    low_.reset();
     // A step that only copies merges into the next one: its copies still run before that step's
     // transfers, and it costs no step on the timeline.
     if (!steps_.empty() && steps_.back().sends_begin == steps_.back().sends_end &&
@@ -146,12 +148,30 @@ class schedule {
     finals_.shrink_to_fit();
   }
 
+  /// What a transport made of this schedule (a device plan: device/plan.hpp), kept with it so a
+  /// cached schedule is lowered once and the lowering is freed with it. `key` tells lowerings
+  /// apart (element size, chunk); make() returns a shared_ptr<const X>. A schedule changed
+  /// afterwards drops what it kept. Calls on one communicator run one at a time, and its
+  /// schedules are its own, so nothing here is shared between threads.
+  template <class X, class Make>
+  const X& lowered(std::uint64_t key, Make&& make) const {
+    static constexpr char kind = 0;
+    if (!low_ || low_key_ != key || low_kind_ != &kind) {
+      std::shared_ptr<const X> x = make();
+      low_ = x;
+      low_key_ = key;
+      low_kind_ = &kind;
+    }
+    return *static_cast<const X*>(low_.get());
+  }
+
   /// Time of the last step + 1: this rank's length on the global timeline.
   int span() const noexcept { return steps_.empty() ? 0 : steps_.back().time + 1; }
 
  private:
   void ensure_step() {
     if (steps_.empty()) next_step(0);
+    low_.reset();
   }
   // A schedule's steps index its operations with 32 bits and count time in an int: policies
   // bound their schedules far below (tuning::max_pipeline_chunks, all_reduce's segments), and a
@@ -169,6 +189,9 @@ class schedule {
   std::vector<recv_op> recvs_;
   std::vector<region> finals_;
   std::size_t tmp_ = 0;
+  mutable std::shared_ptr<const void> low_;  // lowered(): what a transport made of this schedule
+  mutable std::uint64_t low_key_ = 0;
+  mutable const void* low_kind_ = nullptr;
 };
 
 inline const char* to_string(buf b) noexcept {

@@ -16,6 +16,7 @@
 // collective everywhere instead of hanging it.
 #include <atomic>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -101,6 +102,20 @@ class inproc {
       return g;
     }
 
+    /// State of type X that a transport standing on this group keeps for all its ranks
+    /// (transport::planned's pair counters): made once, by the first rank to ask, as X(size()).
+    template <class X>
+    X& extension() {
+      static constexpr char kind = 0;
+      std::lock_guard lk(mu_);
+      if (!ext_) {
+        ext_ = std::make_shared<X>(n_);
+        ext_kind_ = &kind;
+      }
+      if (ext_kind_ != &kind) std::terminate();  // one kind of extension per group
+      return *static_cast<X*>(ext_.get());
+    }
+
     /// Marks `rank` as gone: it left normally, or it failed (and then the whole job is aborted).
     void leave(int rank, bool failed, const std::string& why) noexcept {
       {
@@ -146,6 +161,8 @@ class inproc {
     mutable std::mutex mu_;
     std::vector<std::string> why_;
     std::atomic<int> first_failed_{-1};
+    std::shared_ptr<void> ext_;  // extension()
+    const void* ext_kind_ = nullptr;
     std::shared_ptr<group> parent_;  // split groups: the group split, and the members' ranks there
     std::vector<int> members_;
   };
@@ -172,6 +189,8 @@ class inproc {
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return g_->size(); }
+  /// The group this rank belongs to (what transports standing on inproc share: planned.hpp).
+  const std::shared_ptr<group>& shared_group() const noexcept { return g_; }
   /// Buffers spread over pieces (concepts.hpp) are read and written through deliver.hpp.
   bool takes_pieces() const noexcept { return true; }
 
