@@ -19,6 +19,7 @@
 #include "collectives/reduce_scatter.hpp"
 #include "communicator.hpp"
 #include "error.hpp"
+#include "flight.hpp"
 #include "fuse.hpp"
 #include "launch.hpp"
 #include "launch_processes.hpp"

@@ -24,6 +24,7 @@
 #include "detail/call_queue.hpp"
 #include "env.hpp"
 #include "error.hpp"
+#include "flight.hpp"
 #include "detail/schedule_cache.hpp"
 #include "schedule.hpp"
 #include "signature.hpp"
@@ -35,6 +36,15 @@ namespace detail {
 /// options::timeout's default: COLLX_TIMEOUT_S (seconds, may be fractional) or 300 s.
 inline std::chrono::nanoseconds default_timeout() {
   return std::chrono::nanoseconds(static_cast<std::int64_t>(env_seconds("COLLX_TIMEOUT_S", 300) * 1e9));
+}
+
+/// The name the model's parameters are kept under: the transport's own ("inproc", "shm",
+/// "tcp"), looking through transport::any and decorators.
+template <class T>
+const char* transport_kind(const T& t) {
+  if constexpr (requires { t.kind(); }) return t.kind();
+  else if constexpr (requires { t.inner(); }) return transport_kind(t.inner());
+  else return T::name;
 }
 }  // namespace detail
 
@@ -54,7 +64,7 @@ class communicator {
  public:
   using transport_type = T;
 
-  explicit communicator(T t, options o = {}) : s_(std::make_unique<state>(std::move(t), o)) {}
+  explicit communicator(T t, options o = {}) : s_(std::make_unique<state>(std::move(t), o)) { s_->bind_recorder(); }
   /// A null communicator (see the top).
   communicator() = default;
   communicator(communicator&&) noexcept = default;
@@ -158,6 +168,10 @@ class communicator {
   /// the packed all_reduce itself may use; grows, never shrinks.
   std::byte* pack_buffer(std::size_t bytes) { return s_->pack.at_least(bytes); }
 
+  /// This communicator's flight recorder (flight.hpp): its last calls and its wait table.
+  detail::flight_recorder& recorder() noexcept { return s_->rec; }
+  const detail::flight_recorder& recorder() const noexcept { return s_->rec; }
+
   /// The order of this communicator's calls (detail/call_queue.hpp).
   detail::call_queue& calls_queue() { return s_->queue; }
   /// Splits made on this communicator so far (names the next one).
@@ -167,6 +181,7 @@ class communicator {
   communicator make_child(T t, comm_identity id) const {
     communicator c(std::move(t), s_->opts);
     c.s_->id = std::move(id);
+    c.s_->bind_recorder();
     return c;
   }
 
@@ -187,6 +202,10 @@ class communicator {
   struct state {
     state(T x, options o) : t(std::move(x)), opts(o) {}
     ~state() { queue.shutdown(); }  // outstanding calls finish before the transport goes
+    void bind_recorder() {
+      rec.bind(&id, t.rank(), t.size(), detail::transport_kind(t));
+      if (rec.enabled() && detail::env_int("COLLX_DUMP_ON_SIGUSR2", 0ll, 1ll, 0) == 1) flight::dump_on_signal();
+    }
     T t;
     options opts;
     std::uint64_t seq = 0;
@@ -198,6 +217,7 @@ class communicator {
     detail::schedule_cache cache;
     bytes_vec scratch;
     bytes_vec pack;
+    detail::flight_recorder rec;
     detail::call_queue queue;  // last: its thread may use everything above
   };
   std::unique_ptr<state> s_;

@@ -46,6 +46,11 @@ inline constexpr variable variables[] = {
     {"COLLX_SHM_SLOT_BYTES", "bytes (4K .. 64M, a multiple of 64; K, M suffixes)", "shm: bytes per data slot; default 64K"},
     {"COLLX_SCHEDULE_CACHE_BYTES", "bytes (0 .. 64G; K, M, G suffixes)",
      "the schedules a communicator keeps for reuse, at most this many bytes (least recently used go first); default 64M"},
+    {"COLLX_FLIGHT_RECORDER", "integer (0 .. 1048576)",
+     "calls each communicator's flight recorder keeps (flight.hpp), and its wait tables; 0: off; default 512"},
+    {"COLLX_DUMP_DIR", "directory",
+     "where the flight recorder writes collx-rank<R>.json on a failed call, on SIGUSR2 and on flight::dump; unset: no dump on failure"},
+    {"COLLX_DUMP_ON_SIGUSR2", "0 or 1", "1: SIGUSR2 dumps every communicator of the process into COLLX_DUMP_DIR (else .)"},
 };
 
 inline const variable* find(std::string_view name) noexcept {

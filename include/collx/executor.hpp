@@ -36,6 +36,7 @@ namespace detail {
 template <class T>
 [[noreturn]] void fail_argument(communicator<T>& comm, const call_info& call, const std::string& what) {
   const std::string msg = call.prefix() + " " + what;
+  if (call.rec != nullptr) call.rec->set_error(int(errc::invalid_argument), msg);
   comm.transport().abort(msg);
   throw error(errc::invalid_argument, msg);
 }
@@ -141,6 +142,27 @@ void finalize_at(communicator<T>& comm, const located& x, std::size_t count) {
   });
 }
 
+/// A failure's message in the call's flight record (flight.hpp), if it has none yet: one that
+/// did not come through call_info::fail (a socket's, an allocation's).
+inline void note_failure(const call_info& call, const std::exception& e) {
+  if (call.rec == nullptr) return;
+  const auto* ce = dynamic_cast<const error*>(&e);
+  call.rec->set_error(ce != nullptr ? ce->code().value() : -1, e.what());
+}
+
+/// Opens the call's flight record (flight.hpp) on comm's recorder, when it is on.
+template <class T>
+void open_record(communicator<T>& comm, call_info& c) {
+  detail::flight_recorder& fr = comm.recorder();
+  if (!fr.enabled()) return;
+  c.rec = fr.open(c.sig, tl_issued_ns);
+  if (c.rec == nullptr) return;
+  c.mark.close = &flight_recorder::close_fn;
+  c.mark.recorder = &fr;
+  c.mark.rec = c.rec;
+  c.mark.uncaught = std::uncaught_exceptions();
+}
+
 /// A transport that takes whole schedules (concepts.hpp: RunsSchedules) runs this rank's; the
 /// op's finalize follows through the transport's hook. Its buffers are always two pointers: a
 /// fused batch packs for it (it does not take pieces).
@@ -154,6 +176,7 @@ void run_whole(communicator<T>& comm, const call_info& call, const schedule& s, 
       if constexpr (has_finalize_v<Op, E>)
         for (const region& r : s.finals()) finalize_at<E, Op>(comm, b.locate(r.b, r.offset), r.count);
     } catch (const std::exception& e) {
+      note_failure(call, e);
       comm.transport().abort(e.what());
       throw;
     }
@@ -202,6 +225,7 @@ void execute_steps(communicator<T>& comm, const call_info& call, const schedule&
       for (const region& r : s.finals()) finalize_at<E, Op>(comm, at(r), r.count);
     }
   } catch (const std::exception& e) {
+    note_failure(call, e);
     comm.transport().abort(e.what());
     throw;
   }
@@ -268,6 +292,7 @@ call_info make_call(communicator<T>& comm, const char* collective, const char* p
   c.sig.root = root;
   c.rank = comm.rank();
   c.timeout = comm.opts().timeout;
+  open_record(comm, c);
   return c;
 }
 

@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "detail/flight_record.hpp"
 #include "error.hpp"
 
 namespace collx {
@@ -84,6 +85,9 @@ struct call_signature {
   std::uint64_t comm = 0;  // comm_identity::hash of the communicator
   std::uint32_t elem_size = 0;
   std::int32_t root = -1;
+  /// When the sender entered the call (wall clock, ns; 0 when not recorded): not compared, it
+  /// tells a receiver that waited how late the sender came (detail/flight_record.hpp).
+  std::int64_t entered_ns = 0;
 
   friend bool operator==(const call_signature& a, const call_signature& b) {
     return a.seq == b.seq && a.comm == b.comm && a.empty_calls == b.empty_calls && a.count == b.count && a.op_hash == b.op_hash && a.elem_size == b.elem_size &&
@@ -131,6 +135,22 @@ struct call_info {
   std::chrono::nanoseconds timeout{};
   /// Sends complete only once their receivers have taken them (point to point: collectives/p2p.hpp).
   bool synchronous = false;
+  /// The call's flight record (flight.hpp), or null when the recorder is off; `mark` closes it
+  /// when this call_info goes.
+  detail::call_record* rec = nullptr;
+  detail::record_mark mark;
+
+  /// Transports say where their waits go: waiting(p) before a blocking wait on peer p,
+  /// waited(p, ns) after it, heard(p, sig) for each message taken from p.
+  void waiting(int peer) const noexcept {
+    if (rec != nullptr) rec->waiting_for.store(peer, std::memory_order_relaxed);
+  }
+  void waited(int peer, std::chrono::nanoseconds d) const noexcept {
+    if (rec != nullptr) rec->add_wait(peer, d.count());
+  }
+  void heard(int peer, const call_signature& theirs) const noexcept {
+    if (rec != nullptr) rec->heard(peer, theirs.entered_ns);
+  }
 
   /// "all_reduce #42 (ring): rank 3", or on a split communicator
   /// "all_reduce #42 (ring) on communicator tp: rank 1 (job rank 3)"
@@ -144,7 +164,11 @@ struct call_info {
   /// "rank 2", or "rank 2 (job rank 5)" on a split communicator: every message names peers so.
   std::string peer(int p) const { return comm == nullptr ? "rank " + std::to_string(p) : comm->rank_name(p); }
 
-  [[noreturn]] void fail(errc e, const std::string& what) const { throw error(e, prefix() + " " + what); }
+  [[noreturn]] void fail(errc e, const std::string& what) const {
+    std::string m = prefix() + " " + what;
+    if (rec != nullptr) rec->set_error(int(e), m);
+    throw error(e, std::move(m));
+  }
 
   /// "rank 1, rank 2 (job rank 5)": the ranks a receive from any source waits for.
   std::string peers(std::span<const int> ps) const {
@@ -203,5 +227,28 @@ struct call_info {
                                " but it sent " + std::to_string(their_bytes) + " B (counts differ between ranks)");
   }
 };
+
+namespace detail {
+/// Times one blocking wait of a transport on `peer` (-1: any of several) into the call's flight
+/// record: `const timed_wait tw(call, p);` just before the wait. Nothing when the record is off.
+class timed_wait {
+ public:
+  timed_wait(const call_info& c, int peer) noexcept : c_(c.rec != nullptr ? &c : nullptr), peer_(peer) {
+    if (c_ == nullptr) return;
+    c_->waiting(peer);
+    t0_ = std::chrono::steady_clock::now();
+  }
+  ~timed_wait() {
+    if (c_ != nullptr) c_->waited(peer_, std::chrono::steady_clock::now() - t0_);
+  }
+  timed_wait(const timed_wait&) = delete;
+  timed_wait& operator=(const timed_wait&) = delete;
+
+ private:
+  const call_info* c_;
+  int peer_;
+  std::chrono::steady_clock::time_point t0_{};
+};
+}  // namespace detail
 
 }  // namespace collx

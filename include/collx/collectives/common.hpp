@@ -50,15 +50,6 @@ constexpr bool check_reducing() {
   return true;
 }
 
-/// The name the model's parameters are kept under: the transport's own ("inproc", "shm",
-/// "tcp"), looking through transport::any and decorators.
-template <class T>
-const char* transport_kind(const T& t) {
-  if constexpr (requires { t.kind(); }) return t.kind();
-  else if constexpr (requires { t.inner(); }) return transport_kind(t.inner());
-  else return T::name;
-}
-
 /// COLLX_ALGO parsed (grammar in algo/automatic.hpp): per collective a choice, kModel (named
 /// `automatic`: the model, whatever the global value) or kUnset, and the global choice or
 /// kUnset. Throws errc::invalid_argument naming what is wrong.

@@ -29,6 +29,7 @@ call_info p2p_call(communicator<T>& comm) {
   c.rank = comm.rank();
   c.timeout = comm.opts().timeout;
   c.synchronous = true;
+  open_record(comm, c);
   return c;
 }
 

@@ -37,6 +37,7 @@
 #include <utility>
 
 #include "../work.hpp"
+#include "flight_record.hpp"
 #include "wait.hpp"
 
 namespace collx::detail {
@@ -45,11 +46,14 @@ class call_queue;
 
 /// The queue whose calls this thread is running now (a call made from inside one runs at once).
 inline thread_local const call_queue* tl_running = nullptr;
+/// When the nonblocking call this thread runs now was issued (wall clock; 0: a blocking call,
+/// issued as it starts): its flight record says so (flight.hpp).
+inline thread_local std::int64_t tl_issued_ns = 0;
 
 /// One call on the queue. The call itself is the derived class's (one allocation per call).
 class call_task : public work_state {
  public:
-  explicit call_task(call_queue* q) : q_(q) {}
+  explicit call_task(call_queue* q) : q_(q), issued_ns_(wall_ns()) {}
   bool test() override { return (st_.load(std::memory_order_acquire) & kStateMask) == kDone; }
   void wait() override;
 
@@ -60,6 +64,7 @@ class call_task : public work_state {
   // The state, and a bit set by a thread that sleeps until it is done (notified only then).
   static constexpr int kQueued = 0, kRunning = 1, kDone = 2, kStateMask = 3, kWaiter = 4;
   call_queue* q_;  // valid until done: a communicator finishes its queue before it goes
+  std::int64_t issued_ns_;
   std::atomic<int> st_{kQueued};
   std::exception_ptr err_;
   // The queue's links: the next call, and the queue's own reference while it holds this one.
@@ -213,11 +218,14 @@ class call_queue {
 
   void run(call_task& t) noexcept {
     t.st_.store(call_task::kRunning, std::memory_order_relaxed);  // nobody waits on a queued call
+    const std::int64_t outer = tl_issued_ns;
+    tl_issued_ns = t.issued_ns_;
     try {
       t.invoke();
     } catch (...) {
       t.err_ = std::current_exception();
     }
+    tl_issued_ns = outer;
     t.release();
     if (t.st_.exchange(call_task::kDone, std::memory_order_acq_rel) & call_task::kWaiter) t.st_.notify_all();
   }

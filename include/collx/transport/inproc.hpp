@@ -245,6 +245,7 @@ class inproc {
         if (ch.posted.load(std::memory_order_acquire) == tail) continue;
         const message& m = ch.slots[tail % kDepth];
         call.check_match(r.peer, m.sig, m.bytes, r.bytes);
+        call.heard(r.peer, m.sig);
         ch.reading.store(1, std::memory_order_seq_cst);
         if (g_->state(r.peer) == rank_state::failed) {
           ch.reading.store(0, std::memory_order_seq_cst);
@@ -330,11 +331,11 @@ class inproc {
     };
     while (pending != 0) {
       if (advance()) continue;
-      if (detail::wait_on(g_->doorbell(rank_), ready, check, call.timeout, false, spin_) == detail::wait_result::timed_out) {
-        const char* what = "";
-        const int p = first_pending(what);
+      const char* what = "";
+      const int p = first_pending(what);
+      const detail::timed_wait tw(call, p);
+      if (detail::wait_on(g_->doorbell(rank_), ready, check, call.timeout, false, spin_) == detail::wait_result::timed_out)
         call.timed_out(p, what);
-      }
     }
   }
 
@@ -366,6 +367,7 @@ class inproc {
         if (g_->state(p) == rank_state::live) return;
       call.fail(errc::peer_lost, "every rank it could receive from has left the communicator (" + call.peers(peers) + ")");
     };
+    const detail::timed_wait tw(call, -1);
     if (detail::wait_on(g_->doorbell(rank_), ready, check, call.timeout, false, spin_) == detail::wait_result::timed_out)
       call.timed_out_any(peers);
     return found;

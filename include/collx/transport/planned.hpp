@@ -129,6 +129,7 @@ class planned {
       if (group().state(q) != state::live)
         call.fail(errc::peer_lost, call.peer(q) + " has left the communicator while this rank waited for it (" + what + ")");
     };
+    const detail::timed_wait tw(call, q);
     if (detail::wait_on(group().doorbell(rank()), ready, check, call.timeout, false, spin_) == detail::wait_result::timed_out)
       call.timed_out(q, what);
   }
@@ -162,6 +163,7 @@ class planned {
       t->wait_for(q, *call, "its message", [&] { return c.posted.load(std::memory_order_acquire) > index; });
       const message& m = c.slots[index % device::kSlots];
       call->check_match(q, m.sig, m.bytes, bytes);
+      call->heard(q, m.sig);
       data = m.data;
       return true;
     }

@@ -289,6 +289,9 @@ class shm {
           if (sl.seq.load(std::memory_order_acquire) != consumed + 1) break;
           const line_body& l = sl.body;
           if (!st.started && (l.sig_hash != my_hash || l.total != d.bytes)) check_match(d.peer, l, d.bytes, call);
+          // A peer this rank waited on: when did it enter the call? (its published signature)
+          if (call.rec != nullptr && call.rec->wants_entry(d.peer))
+            call.heard(d.peer, rc(d.peer).sigs[l.sig_at % shm_layout::kSigRing]);
           if (l.buf == kBufRemote) {  // single copy: read the whole message from the sender
             std::uint64_t addr = 0;
             std::memcpy(&addr, l.inline_data, sizeof addr);
@@ -410,11 +413,11 @@ class shm {
           continue;
         }
       }
-      if (detail::wait_on(me().doorbell, ready, check, call.timeout, true, spin_) == detail::wait_result::timed_out) {
-        const char* what = "";
-        const int p = first_pending(what);
+      const char* what = "";
+      const int p = first_pending(what);
+      const detail::timed_wait tw(call, p);
+      if (detail::wait_on(me().doorbell, ready, check, call.timeout, true, spin_) == detail::wait_result::timed_out)
         call.timed_out(p, what);
-      }
     }
   }
 
@@ -450,6 +453,7 @@ class shm {
       report_failed_elsewhere(call);
       call.fail(errc::peer_lost, "every rank it could receive from has left the job (" + call.peers(peers) + ")");
     };
+    const detail::timed_wait tw(call, -1);
     if (detail::wait_on(me().doorbell, ready, check, call.timeout, true, spin_) == detail::wait_result::timed_out)
       call.timed_out_any(peers);
     return found;

@@ -2,7 +2,7 @@
 // The data path of transport::tcp: one stream per pair of ranks, carrying frames (wire.hpp), and
 // the loop that moves a step's sends and receives over them together.
 //
-// Data. A message is a 128-byte header (the sender's call signature and the byte count: the
+// Data. A message is a 136-byte header (the sender's call signature and the byte count: the
 // receiver checks both before reading a byte of payload, so mismatched calls fail with
 // errc::mismatch and a wrong length can never overrun a buffer) followed by the payload. A
 // step's sends and receives progress together over non-blocking sockets (a ring step sends and
@@ -233,6 +233,7 @@ class streams {
             p.have = false;
           }
           call.check_match(d.peer, h.sig, std::size_t(h.bytes), d.bytes);  // a peer in another call: mismatch
+          call.heard(d.peer, h.sig);
           if (h.kind != tcp_wire::msg_kind::rts) garbage(d.peer, call, "a message where a request to send was due");
           ++p.cts_due;
           ++cts_owed_;
@@ -253,6 +254,7 @@ class streams {
           if (!p.have) continue;
           const tcp_wire::parsed_header& h = p.h;
           call.check_match(d.peer, h.sig, std::size_t(h.bytes), d.bytes);  // a peer in another call: mismatch
+          call.heard(d.peer, h.sig);
           if (h.kind != tcp_wire::msg_kind::data) garbage(d.peer, call, "a request to send where a message was due");
           p.have = false;
           p.mid_recv = true;
@@ -316,17 +318,33 @@ class streams {
     };
 
     auto last_move = net::clock::now();
+    // A stretch without progress is a wait on the first pending peer (the flight record's).
+    net::clock::time_point idle_since{};
+    int idle_peer = -1;
+    auto end_idle = [&](net::clock::time_point at) {
+      if (idle_since == net::clock::time_point{}) return;
+      call.waited(idle_peer, at - idle_since);
+      idle_since = {};
+    };
     while (pending != 0) {
       if (advance()) {
+        end_idle(net::clock::now());
         if (pending != 0) last_move = net::clock::now();
         continue;
       }
       const auto now = net::clock::now();
+      if (idle_since == net::clock::time_point{} && call.rec != nullptr) {
+        const char* what = "";
+        idle_peer = first_pending(what);
+        call.waiting(idle_peer);
+        idle_since = now;
+      }
       if (!crowded_ && now - last_move < kSpinTime) {
         detail::cpu_relax();
         continue;
       }
       if (now - last_move >= call.timeout) {
+        end_idle(now);
         const char* what = "";
         const int p = first_pending(what);
         call.timed_out(p, what);
@@ -387,6 +405,11 @@ class streams {
       return -1;
     };
     const auto start = net::clock::now();
+    struct idle {  // the whole probe is one wait on any of the peers (the flight record's)
+      const call_info& c;
+      net::clock::time_point t0;
+      ~idle() { c.waited(-1, net::clock::now() - t0); }
+    } const timed{call, start};
     for (;;) {
       if (const int q = found(); q >= 0) return q;
       const auto now = net::clock::now();

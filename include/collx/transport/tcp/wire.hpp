@@ -14,7 +14,7 @@
 //              magic "CXH1", version, rank, size, token[64]                       (80 bytes)
 //   verdict  accepting rank -> connecting rank: magic "CXV1", code (0: admitted)  (8 bytes)
 //   message  one per send of a step: a header, then `bytes` of payload
-//              magic "CXM1", kind, bytes, the sender's call_signature          (128 bytes)
+//              magic "CXM1", kind, bytes, the sender's call_signature          (136 bytes)
 //            kind data: the payload is the message; bye: the sender leaves the job (no
 //            payload); abort: the sender failed, the payload (<= 512 bytes) says why;
 //            rts / cts: a synchronous (point-to-point) send asks to send `bytes` (no payload
@@ -41,7 +41,7 @@ constexpr std::uint32_t fourcc(const char (&s)[5]) {
 
 inline constexpr std::uint32_t kHelloMagic = fourcc("CXH1"), kVerdictMagic = fourcc("CXV1"), kMsgMagic = fourcc("CXM1"),
                                kStoreReqMagic = fourcc("CXS1"), kStoreRepMagic = fourcc("CXT1");
-inline constexpr std::uint32_t kVersion = 1;
+inline constexpr std::uint32_t kVersion = 2;  // 2: the call signature carries the entry time (flight recorder)
 /// A job token: up to this many bytes (COLLX_JOB_TOKEN, or 64 hex digits made by rank 0).
 inline constexpr std::size_t kTokenBytes = 64;
 /// The longest reason an abort frame carries.
@@ -118,7 +118,7 @@ struct msg_header {
   std::uint64_t bytes = 0;
   call_signature sig;
 };
-static_assert(sizeof(msg_header) == 128);
+static_assert(sizeof(msg_header) == 136);
 
 /// A header after parse_header(): the fields are safe to use (strings terminated, sizes bounded
 /// where the kind bounds them).

@@ -1,0 +1,113 @@
+#pragma once
+// One call in flight, as the flight recorder (flight.hpp) keeps it while it runs: when this rank
+// entered it, how long it has been blocked and on which peers, and how much later than this rank
+// each of those peers entered the call. Transports feed it through call_info (signature.hpp):
+//   call.waiting(p); ...wait...; call.waited(p, ns)   around every blocking wait, on the peer
+//                                                     the wait is for;
+//   call.heard(p, their_signature)                    on every message taken from p (its
+//                                                     signature says when p entered the call).
+// What a peer is blamed for (its `late` time) is the part of this rank's wait on it that its late
+// arrival explains: min(waited on p, p's entry - this rank's entry). A rank that is slow only
+// because it waited on someone else entered on time, so in a ring where one rank is late its
+// successors wait on their predecessors but only the late rank is blamed (docs/diagnostics.md).
+//
+// Plain data: no I/O, no locks. Written only by the thread running the communicator's calls.
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace collx {
+enum class errc;
+}
+
+namespace collx::detail {
+
+/// Wall-clock nanoseconds since the epoch: the one clock of records (comparable across the
+/// processes of one host, and across hosts as far as their clocks agree).
+inline std::int64_t wall_ns() noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+struct call_record {
+  std::int64_t entered_ns = 0;  // when this rank entered the call
+  std::atomic<std::int64_t> waited_live{0};  // blocked in all (read by a dump taken meanwhile)
+  std::atomic<int> waiting_for{-1};          // the peer a wait is on now (-1: none), likewise
+  // Per peer (indexed by rank, `size` of them): time blocked on it in this call, and how much
+  // later than this rank it entered (-1: not heard from yet). `touched` lists the peers waited on.
+  std::int64_t* wait_by_peer = nullptr;
+  std::int64_t* late_by_peer = nullptr;
+  int* touched = nullptr;
+  int n_touched = 0;
+  int size = 0;
+  int code = 0;  // the collx::errc it failed with (0: none recorded)
+  std::string error;
+
+  void add_wait(int peer, std::int64_t ns) noexcept {
+    waiting_for.store(-1, std::memory_order_relaxed);
+    if (ns <= 0) return;
+    waited_live.store(waited_live.load(std::memory_order_relaxed) + ns, std::memory_order_relaxed);
+    if (peer < 0 || peer >= size) return;
+    if (wait_by_peer[peer] == 0) touched[n_touched++] = peer;
+    wait_by_peer[peer] += ns;
+  }
+  /// A message from `peer`, which entered the call at `their_entered_ns`.
+  void heard(int peer, std::int64_t their_entered_ns) noexcept {
+    if (peer < 0 || peer >= size || wait_by_peer[peer] == 0 || late_by_peer[peer] >= 0 || their_entered_ns == 0) return;
+    late_by_peer[peer] = their_entered_ns > entered_ns ? their_entered_ns - entered_ns : 0;
+  }
+  /// Whether a message from `peer` should be looked at for its entry time (a transport that
+  /// does not read every message's signature asks first).
+  bool wants_entry(int peer) const noexcept {
+    return peer >= 0 && peer < size && wait_by_peer[peer] != 0 && late_by_peer[peer] < 0;
+  }
+  void set_error(int c, const std::string& what) {
+    if (code != 0) return;  // the first failure is the cause; what follows is its consequence
+    code = c;
+    error = what;
+  }
+};
+
+/// Closes a call's record when its call_info goes (flight.hpp fills it in): a function pointer,
+/// so that signature.hpp needs nothing of the recorder.
+struct record_mark {
+  void (*close)(void* recorder, call_record*, bool failed) noexcept = nullptr;
+  void* recorder = nullptr;
+  call_record* rec = nullptr;
+  int uncaught = 0;  // std::uncaught_exceptions() when opened: more at close means it failed
+
+  record_mark() = default;
+  record_mark(const record_mark&) = delete;
+  record_mark& operator=(const record_mark&) = delete;
+  record_mark(record_mark&& o) noexcept : close(o.close), recorder(o.recorder), rec(o.rec), uncaught(o.uncaught) {
+    o.close = nullptr;
+    o.rec = nullptr;
+  }
+  record_mark& operator=(record_mark&& o) noexcept {
+    if (this != &o) {
+      finish();
+      close = o.close;
+      recorder = o.recorder;
+      rec = o.rec;
+      uncaught = o.uncaught;
+      o.close = nullptr;
+      o.rec = nullptr;
+    }
+    return *this;
+  }
+  ~record_mark() { finish(); }
+
+ private:
+  void finish() noexcept;
+};
+
+}  // namespace collx::detail
+
+#include <exception>
+
+inline void collx::detail::record_mark::finish() noexcept {
+  if (close == nullptr) return;
+  close(recorder, rec, std::uncaught_exceptions() > uncaught);
+  close = nullptr;
+  rec = nullptr;
+}

@@ -1,0 +1,498 @@
+#pragma once
+// The flight recorder: every communicator keeps its last K calls (COLLX_FLIGHT_RECORDER=K,
+// default 512, 0 = off) as this rank saw them — sequence number, collective, policy, count,
+// element size, op, root, state, when it was issued, started and ended, and how long it waited on
+// which peers — and, over its whole life, how long this rank waited on each peer and how much of
+// that each peer's late arrival explains (the straggler accounting: detail/flight_record.hpp).
+//
+// It is dumped as JSON, one file per job rank holding every communicator of that rank, into
+// COLLX_DUMP_DIR: on any failed call (a timeout, a mismatch, a lost peer, a bad argument), on
+// demand (flight::dump), and on SIGUSR2 when asked for (COLLX_DUMP_ON_SIGUSR2=1 or
+// flight::dump_on_signal()). tools/collx_trace.cpp reads a job's dumps and says what happened.
+//
+//   collx::flight::waits(comm)        this rank's wait table on comm (per peer: waited, late)
+//   collx::flight::records(comm)      the recorded calls, oldest first
+//   collx::flight::json(comm)         one communicator as JSON
+//   collx::flight::dump(job_rank)     writes COLLX_DUMP_DIR/collx-rank<R>.json now
+//
+// The thread running a communicator's calls writes its records; a dump may read them from any
+// thread (a lock per communicator, taken twice per call).
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "detail/flight_record.hpp"
+#include "env.hpp"
+#include "error.hpp"
+#include "signature.hpp"
+
+namespace collx {
+
+enum class call_state : std::uint8_t { running, done, failed };
+
+inline const char* to_string(call_state s) noexcept {
+  switch (s) {
+    case call_state::running: return "running";
+    case call_state::done: return "done";
+    case call_state::failed: return "failed";
+  }
+  return "?";
+}
+
+/// Time this rank waited on one peer, and the part of it the peer's late entry explains.
+struct peer_wait {
+  int peer = -1;
+  std::int64_t waited_ns = 0;
+  std::int64_t late_ns = 0;
+};
+
+/// One recorded call.
+struct flight_entry {
+  std::uint64_t index = 0;  // this communicator's calls, point to point included, from 0
+  call_signature sig;       // collective, policy, op, seq (0: point to point), count, element size, root
+  call_state state = call_state::running;
+  std::int64_t issued_ns = 0, start_ns = 0, end_ns = 0;  // wall clock (end 0 while running)
+  std::int64_t waited_ns = 0;                            // blocked in all
+  int waiting_for = -1;                                  // running: the peer its wait is on now
+  static constexpr std::size_t kPeers = 4;
+  std::array<peer_wait, kPeers> peers{};  // the peers waited on longest, longest first
+  int n_peers = 0;
+  int code = 0;  // collx::errc of a failed call
+  std::string error;
+};
+
+/// This rank's waits on one communicator over its life, indexed by peer rank.
+struct wait_table {
+  std::vector<std::int64_t> waited_ns;  // blocked on each peer
+  std::vector<std::int64_t> late_ns;    // of which the peer's late entry explains
+  std::uint64_t calls = 0;
+  std::int64_t busy_ns = 0;  // in calls, from entry to return
+};
+
+namespace detail {
+
+inline std::size_t flight_capacity() {
+  return std::size_t(env_int("COLLX_FLIGHT_RECORDER", 0ll, 1ll << 20, 512));
+}
+
+class flight_recorder;
+
+/// Every recorder of this process (dumps gather a job rank's communicators). Never destroyed:
+/// a communicator that outlives static destruction still finds it.
+struct flight_registry {
+  std::mutex mu;
+  std::vector<flight_recorder*> all;
+  std::atomic<bool> signal_thread{false};
+  int pipe_w = -1;
+};
+inline flight_registry& flight_recorders() {
+  static flight_registry* r = new flight_registry;
+  return *r;
+}
+
+inline void json_string(std::string& o, std::string_view s) {
+  o += '"';
+  for (char c : s) {
+    switch (c) {
+      case '"': o += "\\\""; break;
+      case '\\': o += "\\\\"; break;
+      case '\n': o += "\\n"; break;
+      case '\t': o += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char b[8];
+          std::snprintf(b, sizeof b, "\\u%04x", c);
+          o += b;
+        } else {
+          o += c;
+        }
+    }
+  }
+  o += '"';
+}
+inline std::string_view sig_text(const char* p, std::size_t n) { return {p, strnlen(p, n)}; }
+
+void dump_job_rank_noexcept(int job_rank, const char* reason) noexcept;
+
+class flight_recorder {
+ public:
+  flight_recorder() : cap_(flight_capacity()) {
+    auto& r = flight_recorders();
+    std::lock_guard g(r.mu);
+    r.all.push_back(this);
+  }
+  flight_recorder(const flight_recorder&) = delete;
+  flight_recorder& operator=(const flight_recorder&) = delete;
+  ~flight_recorder() {
+    auto& r = flight_recorders();
+    std::lock_guard g(r.mu);
+    r.all.erase(std::remove(r.all.begin(), r.all.end(), this), r.all.end());
+  }
+
+  /// Which communicator this records (set by the communicator; the identity stays put).
+  void bind(const comm_identity* id, int rank, int size, const char* transport) {
+    std::lock_guard g(mu_);
+    id_ = id;
+    rank_ = rank;
+    size_ = size;
+    transport_ = transport;
+    cum_.waited_ns.assign(std::size_t(size > 0 ? size : 0), 0);
+    cum_.late_ns.assign(std::size_t(size > 0 ? size : 0), 0);
+  }
+  bool enabled() const noexcept { return cap_ != 0; }
+  std::size_t capacity() const noexcept { return cap_; }
+  int job_rank() const noexcept { return id_ == nullptr ? rank_ : id_->job_rank(rank_); }
+
+  /// A call starts: its record, or nullptr when off (or nested too deep). Stamps sig.entered_ns.
+  call_record* open(call_signature& sig, std::int64_t issued_ns) {
+    if (cap_ == 0 || depth_ == kDepth) return nullptr;
+    open_call& o = open_[depth_];
+    if (o.w.size() != std::size_t(size_)) {
+      o.w.assign(std::size_t(size_), 0);
+      o.late.assign(std::size_t(size_), -1);
+      o.touched.assign(std::size_t(size_), 0);
+    }
+    call_record& r = o.rec;
+    r.wait_by_peer = o.w.data();
+    r.late_by_peer = o.late.data();
+    r.touched = o.touched.data();
+    r.n_touched = 0;
+    r.size = size_;
+    r.code = 0;
+    r.error.clear();
+    r.waited_live.store(0, std::memory_order_relaxed);
+    r.waiting_for.store(-1, std::memory_order_relaxed);
+    r.entered_ns = wall_ns();
+    sig.entered_ns = r.entered_ns;
+    {
+      std::lock_guard g(mu_);
+      o.index = next_++;
+      flight_entry& e = slot(o.index);
+      e.index = o.index;
+      e.sig = sig;
+      e.state = call_state::running;
+      e.issued_ns = issued_ns != 0 ? issued_ns : r.entered_ns;
+      e.start_ns = r.entered_ns;
+      e.end_ns = 0;
+      e.waited_ns = 0;
+      e.n_peers = 0;
+      e.code = 0;
+      e.error.clear();
+      o.live = true;
+    }
+    ++depth_;
+    return &r;
+  }
+
+  /// A call ends (its call_info goes): done, or failed when an exception is leaving it.
+  void close(call_record* rp, bool failed) noexcept {
+    int d = depth_ - 1;
+    while (d >= 0 && &open_[d].rec != rp) --d;
+    if (d < 0) return;
+    open_call& o = open_[d];
+    call_record& r = o.rec;
+    const std::int64_t end = wall_ns();
+    // The peers waited on longest, and what each one's late entry explains.
+    std::array<peer_wait, flight_entry::kPeers> top{};
+    int n_top = 0;
+    for (int i = 0; i < r.n_touched; ++i) {
+      const int p = r.touched[i];
+      const std::int64_t w = o.w[std::size_t(p)];
+      const std::int64_t late = o.late[std::size_t(p)] > 0 ? std::min(w, o.late[std::size_t(p)]) : 0;
+      const peer_wait pw{p, w, late};
+      int at = n_top;
+      while (at > 0 && top[std::size_t(at - 1)].waited_ns < w) --at;
+      if (at < int(top.size())) {
+        for (int k = std::min(n_top, int(top.size()) - 1); k > at; --k) top[std::size_t(k)] = top[std::size_t(k - 1)];
+        top[std::size_t(at)] = pw;
+        n_top = std::min(n_top + 1, int(top.size()));
+      }
+      o.touched_late(p, late);
+    }
+    bool dump = false;
+    int job = 0;
+    {
+      std::lock_guard g(mu_);
+      for (int i = 0; i < r.n_touched; ++i) {
+        const int p = r.touched[i];
+        cum_.waited_ns[std::size_t(p)] += o.w[std::size_t(p)];
+        cum_.late_ns[std::size_t(p)] += o.late_blame[std::size_t(i)];
+      }
+      ++cum_.calls;
+      cum_.busy_ns += end - r.entered_ns;
+      if (next_ - o.index <= cap_) {  // not overwritten by later calls (nested ones)
+        flight_entry& e = slot(o.index);
+        e.state = failed ? call_state::failed : call_state::done;
+        e.end_ns = end;
+        e.waited_ns = r.waited_live.load(std::memory_order_relaxed);
+        e.peers = top;
+        e.n_peers = n_top;
+        e.code = r.code;
+        if (failed) e.error = r.error.empty() ? "failed (an exception left the call)" : r.error;
+      }
+      o.live = false;
+      dump = failed && dump_on_error_;
+      job = job_rank();
+    }
+    for (int i = 0; i < r.n_touched; ++i) {
+      o.w[std::size_t(r.touched[i])] = 0;
+      o.late[std::size_t(r.touched[i])] = -1;
+    }
+    r.n_touched = 0;
+    o.late_blame.clear();
+    if (d == depth_ - 1) {
+      --depth_;
+      while (depth_ > 0 && !open_[depth_ - 1].live) --depth_;
+    }
+    if (dump && depth_ == 0) dump_job_rank_noexcept(job, "a call failed");
+  }
+  static void close_fn(void* self, call_record* r, bool failed) noexcept {
+    static_cast<flight_recorder*>(self)->close(r, failed);
+  }
+
+  std::vector<flight_entry> entries() const {
+    std::lock_guard g(mu_);
+    std::vector<flight_entry> v;
+    const std::uint64_t first = next_ > cap_ ? next_ - cap_ : 0;
+    for (std::uint64_t i = first; i < next_; ++i) v.push_back(snapshot(i));
+    return v;
+  }
+  wait_table waits() const {
+    std::lock_guard g(mu_);
+    return cum_;
+  }
+
+  /// This communicator as a JSON object.
+  std::string json() const {
+    std::lock_guard g(mu_);
+    std::string o = "{\"name\":";
+    json_string(o, id_ == nullptr || id_->is_job() ? std::string("world") : id_->name);
+    o += ",\"transport\":";
+    json_string(o, transport_ == nullptr ? "" : transport_);
+    o += ",\"rank\":" + std::to_string(rank_) + ",\"size\":" + std::to_string(size_) + ",\"job_ranks\":[";
+    for (int r = 0; r < size_; ++r) o += (r ? "," : "") + std::to_string(id_ == nullptr ? r : id_->job_rank(r));
+    o += "],\"calls_total\":" + std::to_string(next_) + ",\"capacity\":" + std::to_string(cap_);
+    o += ",\"waits\":{\"calls\":" + std::to_string(cum_.calls) + ",\"busy_ns\":" + std::to_string(cum_.busy_ns) + ",\"waited_ns\":[";
+    for (std::size_t p = 0; p < cum_.waited_ns.size(); ++p) o += (p ? "," : "") + std::to_string(cum_.waited_ns[p]);
+    o += "],\"late_ns\":[";
+    for (std::size_t p = 0; p < cum_.late_ns.size(); ++p) o += (p ? "," : "") + std::to_string(cum_.late_ns[p]);
+    o += "]},\"calls\":[";
+    const std::uint64_t first = next_ > cap_ ? next_ - cap_ : 0;
+    for (std::uint64_t i = first; i < next_; ++i) {
+      const flight_entry e = snapshot(i);
+      if (i != first) o += ",";
+      o += "{\"index\":" + std::to_string(e.index) + ",\"seq\":" + std::to_string(e.sig.seq) + ",\"collective\":";
+      json_string(o, sig_text(e.sig.collective, sizeof e.sig.collective));
+      o += ",\"policy\":";
+      json_string(o, sig_text(e.sig.policy, sizeof e.sig.policy));
+      o += ",\"op\":";
+      json_string(o, sig_text(e.sig.op, sizeof e.sig.op));
+      o += ",\"count\":" + std::to_string(e.sig.count) + ",\"elem_size\":" + std::to_string(e.sig.elem_size) +
+           ",\"root\":" + std::to_string(e.sig.root) + ",\"state\":\"" + to_string(e.state) +
+           "\",\"issued_ns\":" + std::to_string(e.issued_ns) + ",\"start_ns\":" + std::to_string(e.start_ns) +
+           ",\"end_ns\":" + std::to_string(e.end_ns) + ",\"waited_ns\":" + std::to_string(e.waited_ns) +
+           ",\"waiting_for\":" + std::to_string(e.waiting_for) + ",\"peers\":[";
+      for (int k = 0; k < e.n_peers; ++k) {
+        const peer_wait& w = e.peers[std::size_t(k)];
+        o += std::string(k ? "," : "") + "{\"peer\":" + std::to_string(w.peer) + ",\"waited_ns\":" + std::to_string(w.waited_ns) +
+             ",\"late_ns\":" + std::to_string(w.late_ns) + "}";
+      }
+      o += "]";
+      if (e.state == call_state::failed) {
+        o += ",\"code\":" + std::to_string(e.code) + ",\"error\":";
+        json_string(o, e.error);
+      }
+      o += "}";
+    }
+    return o + "]}";
+  }
+
+  void set_dump_on_error(bool on) noexcept {
+    std::lock_guard g(mu_);
+    dump_on_error_ = on;
+  }
+
+ private:
+  static constexpr int kDepth = 4;  // calls made inside calls (automatic's setup inside its first call)
+  struct open_call {
+    call_record rec;
+    std::vector<std::int64_t> w, late;
+    std::vector<int> touched;
+    std::vector<std::int64_t> late_blame;  // per touched peer, filled at close
+    std::uint64_t index = 0;
+    bool live = false;  // guarded by mu_
+    void touched_late(int, std::int64_t late) { late_blame.push_back(late); }
+  };
+
+  flight_entry& slot(std::uint64_t i) {
+    const std::size_t k = std::size_t(i % cap_);
+    if (ring_.size() <= k) ring_.resize(k + 1);
+    return ring_[k];
+  }
+  /// Entry i under mu_, with a running call's live wait state.
+  flight_entry snapshot(std::uint64_t i) const {
+    flight_entry e = ring_[std::size_t(i % cap_)];
+    if (e.state == call_state::running)
+      for (int d = 0; d < kDepth; ++d)
+        if (open_[d].live && open_[d].index == i) {
+          e.waiting_for = open_[d].rec.waiting_for.load(std::memory_order_relaxed);
+          e.waited_ns = open_[d].rec.waited_live.load(std::memory_order_relaxed);
+        }
+    return e;
+  }
+
+  const std::size_t cap_;
+  mutable std::mutex mu_;
+  std::vector<flight_entry> ring_;
+  std::uint64_t next_ = 0;
+  std::array<open_call, kDepth> open_{};
+  int depth_ = 0;  // the runner's own
+  wait_table cum_;
+  const comm_identity* id_ = nullptr;
+  int rank_ = 0, size_ = 0;
+  const char* transport_ = nullptr;
+  bool dump_on_error_ = true;
+};
+
+inline std::string dump_dir() { return env_string("COLLX_DUMP_DIR"); }
+
+/// Every communicator of job rank `job_rank` in this process, as one JSON document.
+inline std::string job_rank_json(int job_rank, const char* reason) {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  std::string o = "{\"collx_flight_recorder\":1,\"job_rank\":" + std::to_string(job_rank) + ",\"host\":";
+  json_string(o, host);
+  o += ",\"pid\":" + std::to_string(::getpid()) + ",\"time_ns\":" + std::to_string(wall_ns()) + ",\"reason\":";
+  json_string(o, reason);
+  o += ",\"communicators\":[";
+  auto& r = flight_recorders();
+  std::lock_guard g(r.mu);
+  bool first = true;
+  for (const flight_recorder* f : r.all) {
+    if (f->job_rank() != job_rank || !f->enabled()) continue;
+    if (!first) o += ",";
+    first = false;
+    o += f->json();
+  }
+  return o + "]}\n";
+}
+
+/// Writes the dump of `job_rank` to dir/collx-rank<R>.json (through a temporary file, so a
+/// reader never sees half of one). Returns the path.
+inline std::string write_dump(const std::string& dir, int job_rank, const char* reason) {
+  const std::string body = job_rank_json(job_rank, reason);
+  const std::string path = dir + "/collx-rank" + std::to_string(job_rank) + ".json";
+  const std::string tmp = path + ".tmp" + std::to_string(::getpid()) + "." +
+                          std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()));
+  std::FILE* f = std::fopen(tmp.c_str(), "w");
+  if (f == nullptr)
+    throw error(errc::invalid_argument, "collx flight recorder: cannot write " + tmp + " (COLLX_DUMP_DIR=" + dir + ")");
+  const bool ok = std::fwrite(body.data(), 1, body.size(), f) == body.size();
+  if (std::fclose(f) != 0 || !ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw error(errc::invalid_argument, "collx flight recorder: cannot write " + path);
+  }
+  return path;
+}
+
+inline void dump_job_rank_noexcept(int job_rank, const char* reason) noexcept {
+  try {
+    const std::string dir = dump_dir();
+    if (!dir.empty()) write_dump(dir, job_rank, reason);
+  } catch (...) {
+    // a dump that cannot be written must not hide the call's own error
+  }
+}
+
+/// Every job rank of this process dumped (the signal's thread).
+inline void dump_all_noexcept(const char* reason) noexcept {
+  try {
+    std::vector<int> ranks;
+    {
+      auto& r = flight_recorders();
+      std::lock_guard g(r.mu);
+      for (const flight_recorder* f : r.all) ranks.push_back(f->job_rank());
+    }
+    std::sort(ranks.begin(), ranks.end());
+    ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+    std::string dir = dump_dir();
+    if (dir.empty()) dir = ".";
+    for (int j : ranks) write_dump(dir, j, reason);
+  } catch (...) {
+  }
+}
+
+}  // namespace detail
+
+namespace flight {
+
+/// This rank's wait table on comm: per peer, the time waited on it and the part its late entry
+/// explains (detail/flight_record.hpp), with the calls counted and the time spent in them.
+template <class Comm>
+wait_table waits(const Comm& comm) {
+  return comm.recorder().waits();
+}
+
+/// comm's recorded calls, oldest first (the last COLLX_FLIGHT_RECORDER of them).
+template <class Comm>
+std::vector<flight_entry> records(const Comm& comm) {
+  return comm.recorder().entries();
+}
+
+/// comm's record as one JSON object (as in a dump's "communicators").
+template <class Comm>
+std::string json(const Comm& comm) {
+  return comm.recorder().json();
+}
+
+/// Writes every communicator of job rank `job_rank` in this process to
+/// `dir`/collx-rank<R>.json (dir: COLLX_DUMP_DIR, else the current directory); returns the path.
+inline std::string dump(int job_rank, std::string dir = {}) {
+  if (dir.empty()) dir = detail::dump_dir();
+  if (dir.empty()) dir = ".";
+  return detail::write_dump(dir, job_rank, "asked for (collx::flight::dump)");
+}
+
+/// From now on, SIGUSR2 (or `sig`) dumps every job rank of this process into COLLX_DUMP_DIR
+/// (else the current directory): a handler writes one byte to a pipe, and a thread started here
+/// does the dumping (a handler may not allocate or lock). Idempotent.
+inline void dump_on_signal(int sig = SIGUSR2) {
+  auto& r = detail::flight_recorders();
+  if (r.signal_thread.exchange(true)) return;
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) {
+    r.signal_thread = false;
+    throw error(errc::transport_error, "collx flight recorder: pipe2 failed for the dump signal");
+  }
+  r.pipe_w = fds[1];
+  std::thread([rd = fds[0]] {
+    char c;
+    while (::read(rd, &c, 1) == 1) detail::dump_all_noexcept("signal");
+  }).detach();
+  struct sigaction sa {};
+  sa.sa_handler = [](int) {
+    const int saved = errno;
+    const char c = 1;
+    [[maybe_unused]] auto n = ::write(detail::flight_recorders().pipe_w, &c, 1);
+    errno = saved;
+  };
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  ::sigaction(sig, &sa, nullptr);
+}
+
+}  // namespace flight
+
+}  // namespace collx

@@ -1,0 +1,221 @@
+// The flight recorder (flight.hpp): what it records of every call, over threads, shared memory
+// and tcp; its capacity; failed calls and their dumps; and the straggler accounting (the rank
+// made late on purpose is the one blamed, in a ring where everyone waits on someone).
+#include <catch2/catch.hpp>
+
+#include <collx/collx.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "harness.hpp"
+
+using namespace collx_test;
+using namespace std::chrono_literals;
+
+namespace {
+
+/// Sets an environment variable for one scope (the recorder reads it as a communicator is made).
+struct scoped_env {
+  std::string name;
+  std::string old;
+  bool had;
+  scoped_env(const char* n, const std::string& v) : name(n), had(std::getenv(n) != nullptr) {
+    if (had) old = std::getenv(n);
+    ::setenv(n, v.c_str(), 1);
+  }
+  ~scoped_env() {
+    if (had) ::setenv(name.c_str(), old.c_str(), 1);
+    else ::unsetenv(name.c_str());
+  }
+};
+
+std::string text(const char* p, std::size_t n) { return {p, strnlen(p, n)}; }
+
+/// What each rank's calls are, as the test makes them: the reference the records are read against.
+struct expect {
+  const char* collective;
+  std::uint64_t count;
+  std::uint32_t elem;
+  int root;
+  std::uint64_t seq;
+};
+
+template <class Comm, class Note>
+void calls_and_records(Comm& comm, Note note) {
+  const int n = comm.size(), r = comm.rank();
+  std::vector<int> v(7, r + 1), out(7);
+  collx::all_reduce(comm, std::span<const int>(v), std::span(out), collx::ops::sum{}, collx::algo::ring{});
+  std::vector<double> b(0);
+  collx::broadcast(comm, std::span(b), 1 % n, collx::algo::tree{});  // zero elements: recorded, exchanges nothing
+  std::vector<float> rs_in(std::size_t(n) * 13, 1.0f), rs_out(13);
+  collx::reduce_scatter(comm, std::span<const float>(rs_in), std::span(rs_out), collx::ops::max{}, collx::algo::ring{});
+  std::vector<std::int64_t> g(std::size_t(n) * 2);
+  const std::int64_t mine[2] = {r, r};
+  collx::async::all_gather(comm, std::span<const std::int64_t>(mine), std::span(g), collx::algo::ring{}).wait();
+  collx::barrier(comm);
+  const std::vector<expect> want = {{"all_reduce", 7, 4, -1, 1},
+                                    {"broadcast", 0, 8, 1 % n, 2},
+                                    {"reduce_scatter", 13, 4, -1, 3},
+                                    {"all_gather", 2, 8, -1, 4},
+                                    {"barrier", 0, 1, -1, 5}};
+  const auto rec = collx::flight::records(comm);
+  if (rec.size() != want.size()) {
+    note("recorded " + std::to_string(rec.size()) + " calls, made " + std::to_string(want.size()));
+    return;
+  }
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const collx::flight_entry& e = rec[i];
+    const std::string at = "record " + std::to_string(i) + " (" + e.sig.describe() + "): ";
+    if (e.index != i) note(at + "index " + std::to_string(e.index));
+    if (text(e.sig.collective, sizeof e.sig.collective) != want[i].collective) note(at + "collective");
+    if (e.sig.count != want[i].count || e.sig.elem_size != want[i].elem || e.sig.root != want[i].root) note(at + "shape");
+    if (e.sig.seq != want[i].seq) note(at + "sequence number");
+    if (e.state != collx::call_state::done) note(at + "state " + collx::to_string(e.state));
+    if (!(e.issued_ns <= e.start_ns && e.start_ns <= e.end_ns)) note(at + "times out of order");
+    if (i > 0 && e.start_ns < rec[i - 1].end_ns) note(at + "starts before the call before it ended");
+    for (int k = 0; k < e.n_peers; ++k) {
+      const collx::peer_wait& w = e.peers[std::size_t(k)];
+      if (w.peer < 0 || w.peer >= n || w.peer == r || w.waited_ns <= 0 || w.late_ns < 0 || w.late_ns > w.waited_ns)
+        note(at + "a peer's wait is wrong");
+    }
+  }
+  const collx::wait_table t = collx::flight::waits(comm);
+  if (t.calls != want.size() || t.waited_ns.size() != std::size_t(n) || t.waited_ns[std::size_t(r)] != 0)
+    note("the wait table: " + std::to_string(t.calls) + " calls, " + std::to_string(t.waited_ns.size()) + " peers");
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("flight recorder: every call in order with its shape, state and times", "[flight]", threads, processes,
+                   processes_tcp) {
+  for (int n : {1, 2, 3, 5}) {
+    INFO("n = " << n);
+    CHECK(run_checked<TestType>(n, [](auto& comm, auto note) { calls_and_records(comm, note); }) == "");
+  }
+}
+
+TEST_CASE("flight recorder: keeps the last K calls (COLLX_FLIGHT_RECORDER), and 0 turns it off", "[flight]") {
+  for (int k : {0, 1, 4}) {
+    INFO("K = " << k);
+    const scoped_env e("COLLX_FLIGHT_RECORDER", std::to_string(k));
+    CHECK(run_checked<threads>(3, [k](auto& comm, auto note) {
+            std::vector<int> v(5, 1);
+            for (int i = 0; i < 10; ++i) collx::all_reduce(comm, std::span(v), collx::ops::sum{}, collx::algo::tree{});
+            if (v[0] != 59049) note("wrong sum " + std::to_string(v[0]));  // 3^10
+            const auto rec = collx::flight::records(comm);
+            if (rec.size() != std::size_t(k)) note("kept " + std::to_string(rec.size()));
+            for (std::size_t i = 0; i < rec.size(); ++i)
+              if (rec[i].index != 10 - std::uint64_t(k) + i || rec[i].sig.seq != rec[i].index + 1) note("kept the wrong calls");
+            if (collx::flight::waits(comm).calls != (k == 0 ? 0u : 10u)) note("wait table");
+          }) == "");
+  }
+}
+
+TEST_CASE("flight recorder: a failed call is recorded with its error, and every rank dumps", "[flight][errors]") {
+  const auto dir = std::filesystem::temp_directory_path() / ("collx-flight-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const scoped_env e("COLLX_DUMP_DIR", dir.string());
+  collx::options o;
+  o.timeout = 300ms;
+  SECTION("a mismatch") {
+    std::vector<std::string> errs(3);
+    collx::launch_threads(3, [&](auto& comm) {
+      std::vector<int> v(comm.rank() == 2 ? 4 : 5, 1);
+      try {
+        collx::all_reduce(comm, std::span(v), collx::ops::sum{}, collx::algo::ring{});
+      } catch (const collx::error& x) {
+        errs[std::size_t(comm.rank())] = x.what();
+      }
+      const auto rec = collx::flight::records(comm);
+      if (rec.size() == 1 && rec[0].state == collx::call_state::failed) errs[std::size_t(comm.rank())] += " | recorded: " + rec[0].error;
+    }, o);
+    for (int r = 0; r < 3; ++r) {
+      INFO("rank " << r << ": " << errs[std::size_t(r)]);
+      CHECK(errs[std::size_t(r)].find(" | recorded: all_reduce #1 (ring)") != std::string::npos);
+      std::ifstream f(dir / ("collx-rank" + std::to_string(r) + ".json"));
+      std::stringstream ss;
+      ss << f.rdbuf();
+      const std::string j = ss.str();
+      CHECK(j.find("\"job_rank\":" + std::to_string(r)) != std::string::npos);
+      CHECK(j.find("\"state\":\"failed\"") != std::string::npos);
+      CHECK(j.find("\"collective\":\"all_reduce\"") != std::string::npos);
+    }
+  }
+  SECTION("a timeout: the record names the peer waited on") {
+    std::vector<std::string> got(3);
+    collx::launch_threads(3, [&](auto& comm) {
+      std::vector<int> v(5, 1);
+      if (comm.rank() == 1) std::this_thread::sleep_for(700ms);  // in the job, but not in the call
+      if (comm.rank() != 1) {
+        try {
+          collx::all_reduce(comm, std::span(v), collx::ops::sum{}, collx::algo::ring{});
+        } catch (const collx::error&) {
+        }
+      }
+      const auto rec = collx::flight::records(comm);
+      std::string& s = got[std::size_t(comm.rank())];
+      for (const auto& x : rec) {
+        s += collx::to_string(x.state);
+        s += " code " + std::to_string(x.code);
+        for (int k = 0; k < x.n_peers; ++k)
+          s += " waited on " + std::to_string(x.peers[std::size_t(k)].peer) + (x.peers[std::size_t(k)].waited_ns >= 200'000'000 ? " long" : " short");
+      }
+    }, o);
+    INFO(got[0] << " / " << got[2]);
+    CHECK(got[1] == "");
+    // Ranks 0 and 2 both wait on rank 1 in the ring (one for its data, one for it to take
+    // theirs): the first to time out fails with errc::timeout, the other is told of it.
+    const std::string timeout = "failed code " + std::to_string(int(collx::errc::timeout)) + " waited on 1 long";
+    const std::string lost = "failed code " + std::to_string(int(collx::errc::peer_lost)) + " waited on 1 long";
+    // (each may also have waited briefly on the other: the longest wait comes first)
+    auto is = [](const std::string& s, const std::string& what) { return s.rfind(what, 0) == 0; };
+    CHECK(((is(got[0], timeout) && (is(got[2], lost) || is(got[2], timeout))) || (is(got[0], lost) && is(got[2], timeout))));
+  }
+  std::filesystem::remove_all(dir);
+}
+
+namespace {
+/// Every rank's wait table gathered: late[q * n + p] is how long rank q's wait on p is blamed on p.
+template <class Comm>
+std::vector<std::int64_t> gathered_late(Comm& comm) {
+  const collx::wait_table t = collx::flight::waits(comm);
+  std::vector<std::int64_t> all(std::size_t(comm.size()) * t.late_ns.size());
+  collx::all_gather(comm, std::span<const std::int64_t>(t.late_ns), std::span(all), collx::algo::ring{});
+  return all;
+}
+
+/// Rank `slow` enters each of `calls` all-reduces `delay` late: it must be the one blamed, by a
+/// wide margin, though in a ring every rank also waits on its predecessor.
+template <class Comm, class Note>
+void straggler(Comm& comm, Note note, int slow, std::chrono::milliseconds delay, int calls) {
+  const int n = comm.size();
+  std::vector<float> v(1000, 1.0f);
+  for (int i = 0; i < calls; ++i) {
+    if (comm.rank() == slow) std::this_thread::sleep_for(delay);
+    collx::all_reduce(comm, std::span(v), collx::ops::sum{}, collx::algo::ring{});
+  }
+  const auto all = gathered_late(comm);
+  std::vector<std::int64_t> blamed(std::size_t(n), 0);
+  for (int q = 0; q < n; ++q)
+    for (int p = 0; p < n; ++p) blamed[std::size_t(p)] += all[std::size_t(q * n + p)];
+  const std::int64_t injected = std::chrono::nanoseconds(delay).count() * calls;
+  std::string table;
+  for (int p = 0; p < n; ++p) table += " " + std::to_string(blamed[std::size_t(p)] / 1000) + "us";
+  if (blamed[std::size_t(slow)] < injected / 2) note("rank " + std::to_string(slow) + " blamed too little:" + table);
+  for (int p = 0; p < n; ++p)
+    if (p != slow && blamed[std::size_t(p)] * 5 > blamed[std::size_t(slow)]) note("rank " + std::to_string(p) + " blamed:" + table);
+}
+}  // namespace
+
+TEMPLATE_TEST_CASE("straggler accounting: the late rank is blamed, not the ranks that waited on it", "[flight][waits]", threads,
+                   processes, processes_tcp) {
+  for (int n : {2, 4, 5}) {
+    INFO("n = " << n);
+    CHECK(run_checked<TestType>(n, [n](auto& comm, auto note) { straggler(comm, note, n - 2, 40ms, 5); }) == "");
+  }
+}
