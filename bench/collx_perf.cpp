@@ -38,6 +38,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -342,6 +343,13 @@ struct config : bench_cli::sweep_flags {
   bool calibrate = false;
   bool footprint = false;
   bool split = false;
+  int groups = 0;        // --groups G: the ranks in groups of G, each running the collective
+  int slow_rank = -1;    // --slow-rank R: job rank R sleeps slow_us before every timed call
+  int slow_us = 2000;
+  bool waits = false;    // --waits: who waited on whom in the timed calls (the flight recorder)
+  std::string dump;      // --dump DIR: every rank's flight record written there after each size
+  /// The ranks of one collective: a group's, or the job's.
+  int group() const { return groups > 0 ? groups : ranks; }
   config() {
     ranks = 8;
     algo = "all";
@@ -352,7 +360,9 @@ struct config : bench_cli::sweep_flags {
 struct row {
   shape sh;
   double us = 0;
-  std::vector<std::size_t> wrong;  // per rank
+  std::vector<std::size_t> wrong;  // per job rank
+  std::vector<std::int64_t> waited, late;  // --waits: [job rank * ranks + peer's job rank], ns
+  std::vector<std::int64_t> busy;          // --waits: per job rank, in the timed calls, ns
 };
 
 inline const char* transport_words(const std::string& t) {
@@ -361,15 +371,20 @@ inline const char* transport_words(const std::string& t) {
 
 /// The transport every run uses: "threads", "shm" or "tcp" (set once from --transport).
 std::string g_transport = "threads";
-/// --split: every run is on a communicator split from the job's that holds every rank.
+/// --split: every run is on a communicator split from the job's that holds every rank;
+/// --groups G: on communicators of G consecutive ranks each (split from the job's, named "group").
 bool g_split = false;
+int g_groups = 0;
 
 /// What ranks report back: in memory shared with forked ranks (MAP_SHARED | MAP_ANONYMOUS), so
 /// it works the same whether the ranks are threads or processes.
 struct report {
   static constexpr int kMaxRanks = 1024;
+  static constexpr int kWaitRanks = 64;  // --waits keeps an n x n table
   double us;
   std::size_t wrong[kMaxRanks];
+  // --waits: [job rank][peer's job rank], the timed calls only (flight::waits before and after)
+  std::int64_t waited[kWaitRanks][kWaitRanks], late[kWaitRanks][kWaitRanks], busy[kWaitRanks];
 };
 report& shared_report() {
   static report* r = [] {
@@ -383,8 +398,8 @@ report& shared_report() {
 /// One instantiation of every collective for the whole binary: the transport is type-erased
 /// (transport::any) and a rank's body is a std::function.
 void launch(int n, const std::function<void(comm_t&)>& run) {
-  const std::function<void(comm_t&)> body = !g_split ? run : [&run](comm_t& comm) {
-    comm_t child = comm.split(0, comm.rank(), "every rank");
+  const std::function<void(comm_t&)> body = !g_split && g_groups == 0 ? run : [&run](comm_t& comm) {
+    comm_t child = g_groups > 0 ? comm.split(comm.rank() / g_groups, comm.rank(), "group") : comm.split(0, comm.rank(), "every rank");
     run(child);
   };
   if (g_transport == "shm") collx::launch_processes<collx::transport::as_any>(n, body);
@@ -399,7 +414,7 @@ using storage_t = std::conditional_t<C::reduces, E, uint_of_size<sizeof(E)>>;
 template <class C, class E, class Op>
 [[gnu::noinline]] row run_size(const config& cfg, invoke_fn<storage_t<C, E>> invoke, std::size_t bytes) {
   using S = storage_t<C, E>;
-  const int n = cfg.ranks, root = C::rooted ? cfg.root : -1;
+  const int n = cfg.group(), root = C::rooted ? cfg.root : -1;  // the ranks of one collective
   const pattern<E, Op> gen(n);
   auto value = [&gen](int r, std::size_t i) -> S {
     if constexpr (C::reduces) return gen(r, i);
@@ -411,7 +426,7 @@ template <class C, class E, class Op>
 
   row res;
   res.sh = C::make(bytes, sizeof(E), n);
-  res.wrong.assign(std::size_t(n), 0);
+  res.wrong.assign(std::size_t(cfg.ranks), 0);
   const shape& sh = res.sh;
 
   // The serial reference: every rank's input folded in rank order, then finalized (avg).
@@ -432,9 +447,13 @@ template <class C, class E, class Op>
 
   report& rep = shared_report();
   rep.us = 0;
-  std::fill(rep.wrong, rep.wrong + std::min(n, report::kMaxRanks), std::size_t(0));
-  launch(n, [&](comm_t& comm) {
-    const int r = comm.rank();
+  std::fill(rep.wrong, rep.wrong + std::min(cfg.ranks, report::kMaxRanks), std::size_t(0));
+  if (cfg.waits) {
+    std::fill(&rep.waited[0][0], &rep.waited[0][0] + report::kWaitRanks * report::kWaitRanks, std::int64_t(0));
+    std::fill(&rep.late[0][0], &rep.late[0][0] + report::kWaitRanks * report::kWaitRanks, std::int64_t(0));
+  }
+  launch(cfg.ranks, [&](comm_t& comm) {
+    const int r = comm.rank(), job = comm.job_rank(r);  // r: in the group (the job's rank without --groups)
     const bool has_out = !C::out_at_root || r == root;
     std::vector<S> in(sh.in), out(has_out ? sh.out : 0);
     for (std::size_t i = 0; i < in.size(); ++i) in[i] = value(r, i);
@@ -443,24 +462,47 @@ template <class C, class E, class Op>
     const std::span<const S> cin{in};
     const std::span<S> sout{out};
 
+    const bool slow = job == cfg.slow_rank;
     for (int i = 0; i < cfg.warmup; ++i) invoke(comm, cin, sout, root);
     collx::barrier(comm);
+    const collx::wait_table before = cfg.waits ? collx::flight::waits(comm) : collx::wait_table{};
     const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < cfg.iters; ++i) invoke(comm, cin, sout, root);
+    for (int i = 0; i < cfg.iters; ++i) {
+      if (slow) std::this_thread::sleep_for(std::chrono::microseconds(cfg.slow_us));  // compute that runs long
+      invoke(comm, cin, sout, root);
+    }
+    if (cfg.waits) {  // the timed calls' waits, before the barrier adds its own
+      const collx::wait_table after = collx::flight::waits(comm);
+      for (int p = 0; p < comm.size() && p < int(after.waited_ns.size()); ++p) {
+        const int pj = comm.job_rank(p);
+        shared_report().waited[job][pj] = after.waited_ns[std::size_t(p)] - before.waited_ns[std::size_t(p)];
+        shared_report().late[job][pj] = after.late_ns[std::size_t(p)] - before.late_ns[std::size_t(p)];
+      }
+      shared_report().busy[job] = after.busy_ns - before.busy_ns;
+    }
     collx::barrier(comm);
     const auto t1 = std::chrono::steady_clock::now();
-    if (r == 0) shared_report().us = std::chrono::duration<double, std::micro>(t1 - t0).count() / cfg.iters;
+    if (job == 0) shared_report().us = std::chrono::duration<double, std::micro>(t1 - t0).count() / cfg.iters;
 
     if (cfg.check) {
       if (!(C::in_place && r == root)) std::fill(out.begin(), out.end(), poison);
       invoke(comm, cin, sout, root);
       std::size_t bad = 0;
       for (std::size_t j = 0; j < out.size(); ++j) bad += !(out[j] == C::expect(ctx, r, j));
-      shared_report().wrong[std::size_t(r)] = bad;
+      shared_report().wrong[std::size_t(job)] = bad;
     }
+    if (!cfg.dump.empty()) collx::flight::dump(job, cfg.dump);
   });
   res.us = rep.us;
-  for (int q = 0; q < n; ++q) res.wrong[std::size_t(q)] = rep.wrong[q];
+  for (int q = 0; q < cfg.ranks; ++q) res.wrong[std::size_t(q)] = rep.wrong[q];
+  if (cfg.waits)
+    for (int q = 0; q < cfg.ranks; ++q) {
+      res.busy.push_back(rep.busy[q]);
+      for (int p = 0; p < cfg.ranks; ++p) {
+        res.waited.push_back(rep.waited[q][p]);
+        res.late.push_back(rep.late[q][p]);
+      }
+    }
   return res;
 }
 
@@ -514,7 +556,7 @@ void print_automatic_vs_best(const config& cfg, const sweep_info& si,
     const char* pick = "?";
     double pick_us = times[autos][k].second;  // when the pick has no rows of its own
     if (coll) {
-      const auto pr = collx::model::problem::of_bytes(*coll, cfg.ranks, bytes, dtype_size(cfg.dtype));
+      const auto pr = collx::model::problem::of_bytes(*coll, cfg.group(), bytes, dtype_size(cfg.dtype));
       pick = collx::model::name(collx::model::best(pr, p));
       for (std::size_t i = 0; i < times.size(); ++i)
         if (i != autos && std::string_view(si.blocks[i].policy) == pick && k < times[i].size()) pick_us = times[i][k].second;
@@ -529,11 +571,49 @@ void print_automatic_vs_best(const config& cfg, const sweep_info& si,
   std::printf("# the model's pick within 10%% of the best policy at %d of %d sizes\n#\n", within, sizes);
 }
 
+/// --waits: per group, per rank, over one size's timed calls: how long the rank waited, how long
+/// the others waited on it, and how much of that its late entry explains (collx::flight::waits;
+/// the attribution is detail/flight_record.hpp's), the most blamed rank first.
+void print_waits(const config& cfg, const row& rw) {
+  const int n = cfg.ranks, g = cfg.group();
+  auto ms = [](std::int64_t ns) { return double(ns) / 1e6; };
+  for (int first = 0; first < n; first += g) {
+    struct line {
+      int job;
+      std::int64_t waited = 0, on = 0, late = 0;
+    };
+    std::vector<line> ls;
+    std::vector<std::int64_t> late, busy;
+    for (int q = first; q < first + g; ++q) {
+      line l{q};
+      for (int p = first; p < first + g; ++p) {
+        l.waited += rw.waited[std::size_t(q * n + p)];
+        l.on += rw.waited[std::size_t(p * n + q)];
+        l.late += rw.late[std::size_t(p * n + q)];
+      }
+      late.push_back(l.late);
+      busy.push_back(rw.busy[std::size_t(q)]);
+      ls.push_back(l);
+    }
+    const int slow = collx::flight::straggler(late, busy);
+    std::stable_sort(ls.begin(), ls.end(), [](const line& a, const line& b) { return a.late > b.late; });
+    std::printf("#w waits in the timed calls, %s of job ranks %d-%d (ms; late: the part of the others' wait on a rank that its\n"
+                "#w late entry explains)\n#w %8s %10s %10s %10s\n",
+                g == n ? "the communicator" : "the group", first, first + g - 1, "job rank", "waited", "on it", "late");
+    for (const line& l : ls)
+      std::printf("#w %8d %10.2f %10.2f %10.2f%s\n", l.job, ms(l.waited), ms(l.on), ms(l.late),
+                  slow >= 0 && l.job == first + slow ? "  <- straggler" : "");
+  }
+}
+
 /// The size sweep and its printing: not a template, so it is compiled once.
 void sweep(const config& cfg, const sweep_info& si, totals& tot) {
-  std::printf("# collx-perf  %s  transport: %s  ranks: %d (%s)\n", si.coll, cfg.transport.c_str(), cfg.ranks,
-              transport_words(cfg.transport));
-  bench_cli::print_sweep_header(cfg, si.bus, si.bus_factor, cfg.ranks);
+  std::printf("# collx-perf  %s  transport: %s  ranks: %d (%s)%s\n", si.coll, cfg.transport.c_str(), cfg.ranks,
+              transport_words(cfg.transport),
+              cfg.groups > 0 ? (", in groups of " + std::to_string(cfg.groups) + ", each running it").c_str() : "");
+  if (cfg.slow_rank >= 0)
+    std::printf("# job rank %d sleeps %d us before every timed call (--slow-rank, --slow-us)\n", cfg.slow_rank, cfg.slow_us);
+  bench_cli::print_sweep_header(cfg, si.bus, si.bus_factor, cfg.group());
   std::fflush(stdout);
 
   std::string averages;
@@ -552,6 +632,7 @@ void sweep(const config& cfg, const sweep_info& si, totals& tot) {
       wrong_here += wrong;
       const double busbw = bench_cli::print_row(rw.sh.bytes, rw.sh.count, si.dtype, si.redop, si.rooted ? cfg.root : -1,
                                                 rw.us, si.bus_factor, cfg.check, wrong, b.policy);
+      if (cfg.waits) print_waits(cfg, rw);
       std::fflush(stdout);
       sum_bw += busbw;
       ++rows;
@@ -573,7 +654,7 @@ void sweep(const config& cfg, const sweep_info& si, totals& tot) {
 template <class C, class E, class Op>
 void run_collective(const config& cfg, totals& tot) {
   using S = storage_t<C, E>;
-  sweep_info si{C::name, C::bus, dtype<E>::name, C::reduces ? Op::name : "none", C::bus_factor(cfg.ranks), C::rooted, {}};
+  sweep_info si{C::name, C::bus, dtype<E>::name, C::reduces ? Op::name : "none", C::bus_factor(cfg.group()), C::rooted, {}};
   for_each(policies{}, [&]<class A>(std::type_identity<A>) {
     if constexpr (C::template supports<A>)
       if (cfg.algo == "all" || cfg.algo == A::name)
@@ -861,7 +942,7 @@ int calibrate(const config& cfg) {
 // ---- the demo -------------------------------------------------------------------------------
 template <class C>
 void demo_header(const config& cfg) {
-  const double f = C::bus_factor(cfg.ranks);
+  const double f = C::bus_factor(cfg.group());
   std::printf("################################################################################\n");
   std::printf("# %s: %s.\n", C::name, C::what);
   std::printf("#   size    %s\n", C::size_doc);
@@ -915,6 +996,15 @@ void usage(std::FILE* f) {
                "                             (transport::tcp, rank 0 serving the rendezvous store)\n"
                "  --split                    run on a communicator split from the job's that holds every rank\n"
                "                             (communicator::split: its own channels), to compare with the job's\n"
+               "  --groups G                 split the ranks into groups of G consecutive ranks, each running the\n"
+               "                             collective on its own communicator at once (-r is a rank of a group)\n"
+               "  --slow-rank R, --slow-us US  job rank R sleeps US microseconds (default 2000) before every timed\n"
+               "                             call: a straggler on purpose\n"
+               "  --waits                    after each size, per group and rank: the time it waited in the timed\n"
+               "                             calls, the others waited on it, and what its late entry explains (the\n"
+               "                             flight recorder's straggler accounting)\n"
+               "  --dump DIR                 after each size every rank writes its flight record to DIR/collx-rank<R>.json\n"
+               "                             (the last size's stay; collx-trace DIR reads them)\n"
                "  --demo                     a guided tour: five collectives, 8 ranks, all policies\n"
                "  --calibrate                measure the cost model's alpha (s per step), beta (s per byte)\n"
                "                             and gamma (s per byte reduced) for --transport with -np ranks\n"
@@ -970,6 +1060,11 @@ config parse(int argc, char** argv) {
     else if (a == "--calibrate") cfg.calibrate = true;
     else if (a == "--footprint") cfg.footprint = true;
     else if (a == "--split") cfg.split = true;
+    else if (a == "--groups") cfg.groups = int(parse_int(a, value(), 1, 4096));
+    else if (a == "--slow-rank") cfg.slow_rank = int(parse_int(a, value(), 0, 4095));
+    else if (a == "--slow-us") cfg.slow_us = int(parse_int(a, value(), 0, 10000000));
+    else if (a == "--waits") cfg.waits = true;
+    else if (a == "--dump") cfg.dump = value();
     else if (a == "--transport") cfg.transport = value();
     else return false;
     return true;
@@ -980,13 +1075,23 @@ config parse(int argc, char** argv) {
                       "over shared memory) or 'tcp' (forked processes over loopback sockets)");
   g_transport = cfg.transport;
   g_split = cfg.split;
+  g_groups = cfg.groups;
+  if (cfg.groups > 0 && cfg.ranks % cfg.groups != 0)
+    throw usage_error("--groups " + std::to_string(cfg.groups) + " does not divide -np " + std::to_string(cfg.ranks));
+  if (cfg.groups > 0 && cfg.split) throw usage_error("--groups and --split: choose one");
+  if (cfg.slow_rank >= cfg.ranks)
+    throw usage_error("--slow-rank " + std::to_string(cfg.slow_rank) + " is not a rank of [0, " + std::to_string(cfg.ranks) + ")");
+  if (cfg.waits && cfg.ranks > report::kWaitRanks)
+    throw usage_error("--waits keeps a table of at most " + std::to_string(report::kWaitRanks) + " ranks");
+  if (cfg.waits && collx::detail::flight_capacity() == 0)
+    throw usage_error("--waits reads the flight recorder, and COLLX_FLIGHT_RECORDER=0 turns it off");
   if (cfg.calibrate) {  // two ranks unless -np says otherwise
     bool np = false;
     for (int i = 1; i < argc; ++i) np = np || std::string_view(argv[i]) == "-np" || std::string_view(argv[i]).rfind("--nranks", 0) == 0;
     if (!np) cfg.ranks = 2;
   }
-  if (cfg.root >= cfg.ranks)
-    throw usage_error("-r " + std::to_string(cfg.root) + " is not a rank of [0, " + std::to_string(cfg.ranks) + ")");
+  if (cfg.root >= cfg.group())
+    throw usage_error("-r " + std::to_string(cfg.root) + " is not a rank of [0, " + std::to_string(cfg.group()) + ")");
   // Names are checked here, before anything runs, so a typo does not cost a sweep.
   auto known = [](auto l, const std::string& v) { return dispatch(l, v, [](auto) {}); };
   if (!known(collectives{}, cfg.op)) throw usage_error("unknown --op '" + cfg.op + "'; choose one of " + names(collectives{}));

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "harness.hpp"
+#include "../tools/trace.hpp"
 
 using namespace collx_test;
 using namespace std::chrono_literals;
@@ -218,4 +219,118 @@ TEMPLATE_TEST_CASE("straggler accounting: the late rank is blamed, not the ranks
     INFO("n = " << n);
     CHECK(run_checked<TestType>(n, [n](auto& comm, auto note) { straggler(comm, note, n - 2, 40ms, 5); }) == "");
   }
+}
+
+namespace {
+collx_trace::job read_job(const std::filesystem::path& dir) {
+  std::vector<collx_trace::rank_dump> dumps;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.path().extension() == ".json") dumps.push_back(collx_trace::read_dump(e.path().string()));
+  return collx_trace::assemble(std::move(dumps));
+}
+const collx_trace::group* find_group(const collx_trace::job& j, const std::string& label) {
+  for (const auto& g : j.groups)
+    if (g.label() == label) return &g;
+  return nullptr;
+}
+bool has_line(const std::vector<std::string>& v, const std::string& s) { return std::find(v.begin(), v.end(), s) != v.end(); }
+}  // namespace
+
+TEST_CASE("collx-trace reads a failed job's dumps: the mismatched call, who is behind, who waits on whom", "[flight][trace]") {
+  const auto dir = std::filesystem::temp_directory_path() / ("collx-trace-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const scoped_env e("COLLX_DUMP_DIR", dir.string());
+  collx::options o;
+  o.timeout = 400ms;
+  SECTION("one rank calls another collective at #3") {
+    collx::launch_threads(4, [&](auto& comm) {
+      std::vector<int> v(6, comm.rank());
+      try {
+        for (int i = 0; i < 2; ++i) collx::all_reduce(comm, std::span(v), collx::ops::sum{}, collx::algo::ring{});
+        if (comm.rank() == 2) collx::broadcast(comm, std::span(v), 0, collx::algo::tree{});
+        else collx::all_reduce(comm, std::span(v), collx::ops::sum{}, collx::algo::ring{});
+      } catch (const collx::error&) {
+      }
+    }, o);
+    const collx_trace::job j = read_job(dir);
+    REQUIRE(j.dumps.size() == 4);
+    const collx_trace::group* w = find_group(j, "world{0,1,2,3}");
+    REQUIRE(w != nullptr);
+    const collx_trace::mismatch m = collx_trace::first_mismatch(*w);
+    INFO(collx_trace::report(j));
+    CHECK(m.found);
+    CHECK(m.seq == 3);
+    REQUIRE(m.lines.size() == 2);
+    CHECK(has_line(m.lines, "ranks 0, 1, 3 (job 0, 1, 3) called all_reduce(count 6, 4 B elements, sum, ring)"));
+    CHECK(has_line(m.lines, "rank 2 (job 2) called broadcast(count 6, 4 B elements, root 0, tree)"));
+  }
+  SECTION("a rank of one group never enters its call") {
+    collx::launch_threads(4, [&](auto& comm) {
+      auto tp = comm.split(comm.rank() / 2, comm.rank(), "tp");
+      std::vector<float> v(9, 1.0f);
+      try {
+        collx::all_reduce(tp, std::span(v), collx::ops::sum{}, collx::algo::ring{});
+        if (comm.rank() == 3) {
+          std::this_thread::sleep_for(900ms);  // computing, far past its peer's deadline
+          collx::flight::dump(3);
+          return;
+        }
+        collx::all_reduce(tp, std::span(v), collx::ops::sum{}, collx::algo::ring{});
+        if (comm.rank() < 2) collx::flight::dump(comm.rank());
+      } catch (const collx::error&) {
+      }
+    }, o);
+    const collx_trace::job j = read_job(dir);
+    REQUIRE(j.dumps.size() == 4);
+    const std::string rep = collx_trace::report(j);
+    INFO(rep);
+    const collx_trace::group* g = find_group(j, "tp{2,3}");
+    const collx_trace::group* h = find_group(j, "tp{0,1}");
+    REQUIRE(g != nullptr);
+    REQUIRE(h != nullptr);
+    const auto pos = collx_trace::positions(*g);
+    REQUIRE(pos.size() == 2);
+    CHECK(pos[0].behind);
+    CHECK(pos[0].text == "rank 1 (job 3) is done with all_reduce #1");
+    CHECK(!pos[1].behind);
+    CHECK(pos[1].text.rfind("rank 0 (job 2) is in all_reduce #2, failed, waiting for rank 1 (job rank 3): ", 0) == 0);
+    const auto hp = collx_trace::positions(*h);
+    REQUIRE(hp.size() == 1);
+    CHECK(hp[0].text == "ranks 0, 1 (job 0, 1) are done with all_reduce #2");
+    const auto edges = collx_trace::wait_edges(j);
+    REQUIRE(edges.size() == 1);
+    CHECK(edges[0].from_job == 2);
+    CHECK(edges[0].to_job == 3);
+    CHECK(edges[0].where == "all_reduce #2 of tp{2,3}");
+    CHECK(edges[0].waited_ns >= 300'000'000);
+    const auto chains = collx_trace::wait_chains(j);
+    REQUIRE(chains.size() == 1);
+    CHECK(chains[0].find("on job rank 3, which waits on nobody") != std::string::npos);
+    CHECK(!collx_trace::first_mismatch(*g).found);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("collx-trace's reader: the dump the recorder writes reads back as written; a broken one is an error", "[flight][trace]") {
+  std::string text0;
+  collx::launch_threads(3, [&](auto& comm) {
+    std::vector<int> v(4, 1);
+    collx::all_reduce(comm, std::span(v), collx::ops::sum{}, collx::algo::tree{});
+    collx::broadcast(comm, std::span(v), 2, collx::algo::ring{});
+    const std::string text = collx::detail::job_rank_json(comm.rank(), "test \"quoted\"\n");
+    const auto d = collx_trace::read_dump_text(text, "mem");
+    const auto rec = collx::flight::records(comm);
+    const bool ok = d.job_rank == comm.rank() && d.reason == "test \"quoted\"\n" && d.comms.size() == 1 &&
+                    d.comms[0].calls.size() == rec.size() && rec.size() == 2 && d.comms[0].calls[1].collective == "broadcast" &&
+                    d.comms[0].calls[1].root == 2 && d.comms[0].calls[1].count == 4 && d.comms[0].calls[0].seq == 1 &&
+                    d.comms[0].calls[0].end_ns == rec[0].end_ns && d.comms[0].calls[0].start_ns == rec[0].start_ns &&
+                    d.comms[0].size == 3 && d.comms[0].rank == comm.rank();
+    if (!ok) throw std::runtime_error("rank " + std::to_string(comm.rank()) + ": the dump read back differs:\n" + text);
+    if (comm.rank() == 0) text0 = text;
+  });
+  REQUIRE(!text0.empty());
+  for (std::size_t cut : {std::size_t(0), text0.size() / 2, text0.size() - 3})
+    CHECK_THROWS_AS(collx_trace::read_dump_text(text0.substr(0, cut), "cut"), collx_trace::parse_error);
+  CHECK_THROWS_AS(collx_trace::read_dump_text("{\"other\":1}", "x"), collx_trace::parse_error);
 }

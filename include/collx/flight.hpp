@@ -153,7 +153,11 @@ class flight_recorder {
   }
   bool enabled() const noexcept { return cap_ != 0; }
   std::size_t capacity() const noexcept { return cap_; }
-  int job_rank() const noexcept { return id_ == nullptr ? rank_ : id_->job_rank(rank_); }
+  /// The job rank of this communicator's own rank (any thread may ask: a dump does).
+  int job_rank() const {
+    std::lock_guard g(mu_);
+    return job_rank_locked();
+  }
 
   /// A call starts: its record, or nullptr when off (or nested too deep). Stamps sig.entered_ns.
   call_record* open(call_signature& sig, std::int64_t issued_ns) {
@@ -244,7 +248,7 @@ class flight_recorder {
       }
       o.live = false;
       dump = failed && dump_on_error_;
-      job = job_rank();
+      job = job_rank_locked();
     }
     for (int i = 0; i < r.n_touched; ++i) {
       o.w[std::size_t(r.touched[i])] = 0;
@@ -336,6 +340,7 @@ class flight_recorder {
     void touched_late(int, std::int64_t late) { late_blame.push_back(late); }
   };
 
+  int job_rank_locked() const noexcept { return id_ == nullptr ? rank_ : id_->job_rank(rank_); }
   flight_entry& slot(std::uint64_t i) {
     const std::size_t k = std::size_t(i % cap_);
     if (ring_.size() <= k) ring_.resize(k + 1);
@@ -437,6 +442,32 @@ inline void dump_all_noexcept(const char* reason) noexcept {
 }  // namespace detail
 
 namespace flight {
+
+/// The rank of a group that its peers' waits blame, when one stands out: given per rank the
+/// wait the others' tables blame on it (`late`, wait_table::late_ns summed over the group) and
+/// its time in calls (`busy`), the rank whose blame is over half the group's, at least three
+/// times the next rank's, at least a fifth of the median time in calls and at least 1 ms; -1
+/// when none is (noise: on a crowded host every rank is a little late now and then).
+/// collx-perf --waits and collx-trace mark a straggler by this rule.
+inline int straggler(const std::vector<std::int64_t>& late, const std::vector<std::int64_t>& busy) {
+  std::int64_t total = 0, best = 0, second = 0;
+  int who = -1;
+  for (std::size_t r = 0; r < late.size(); ++r) {
+    total += late[r];
+    if (late[r] > best) {
+      second = best;
+      best = late[r];
+      who = int(r);
+    } else if (late[r] > second) {
+      second = late[r];
+    }
+  }
+  std::vector<std::int64_t> b = busy;
+  std::sort(b.begin(), b.end());
+  const std::int64_t median = b.empty() ? 0 : b[b.size() / 2];
+  const bool stands_out = best >= 1'000'000 && 2 * best > total && best >= 3 * second && 5 * best >= median;
+  return who >= 0 && stands_out ? who : -1;
+}
 
 /// This rank's wait table on comm: per peer, the time waited on it and the part its late entry
 /// explains (detail/flight_record.hpp), with the calls counted and the time spent in them.
