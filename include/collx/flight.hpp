@@ -16,7 +16,7 @@
 //   collx::flight::dump(job_rank)     writes COLLX_DUMP_DIR/collx-rank<R>.json now
 //
 // The thread running a communicator's calls writes its records; a dump may read them from any
-// thread (a lock per communicator, taken twice per call).
+// thread (a lock per communicator, taken twice per call: record_lock).
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -88,6 +88,21 @@ inline std::size_t flight_capacity() {
 }
 
 class flight_recorder;
+
+/// A recorder's lock: taken twice a call by the thread that runs it, and now and then by a
+/// dump, so almost never contended. One atomic exchange to take (a std::mutex costs two atomic
+/// read-modify-writes a lock and unlock); a contended taker yields its core.
+class record_lock {
+ public:
+  void lock() noexcept {
+    while (held_.exchange(true, std::memory_order_acquire))
+      while (held_.load(std::memory_order_relaxed)) std::this_thread::yield();
+  }
+  void unlock() noexcept { held_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> held_{false};
+};
 
 /// Every recorder of this process (dumps gather a job rank's communicators). Never destroyed:
 /// a communicator that outlives static destruction still finds it.
@@ -187,7 +202,8 @@ class flight_recorder {
       e.index = o.index;
       e.sig = sig;
       e.state = call_state::running;
-      e.issued_ns = issued_ns != 0 ? issued_ns : r.entered_ns;
+      // (issued on another thread, whose clock may be a little ahead: never after the start)
+      e.issued_ns = issued_ns != 0 ? std::min(issued_ns, r.entered_ns) : r.entered_ns;
       e.start_ns = r.entered_ns;
       e.end_ns = 0;
       e.waited_ns = 0;
@@ -359,7 +375,7 @@ class flight_recorder {
   }
 
   const std::size_t cap_;
-  mutable std::mutex mu_;
+  mutable record_lock mu_;
   std::vector<flight_entry> ring_;
   std::uint64_t next_ = 0;
   std::array<open_call, kDepth> open_{};

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "detail/flight_record.hpp"
+#include "detail/wait.hpp"
 #include "error.hpp"
 
 namespace collx {
@@ -230,24 +231,31 @@ struct call_info {
 
 namespace detail {
 /// Times one blocking wait of a transport on `peer` (-1: any of several) into the call's flight
-/// record: `const timed_wait tw(call, p);` just before the wait. Nothing when the record is off.
+/// record (nothing when the record is off): `timed_wait tw(call, p);` before the wait, and
+/// either tw.hook() passed to wait_on, which starts the clock once its spin phase is over (a
+/// wait that the spin ends is not counted: it reads no clock), or tw.start() where the wait
+/// blocks at once. A started wait ends when tw goes.
 class timed_wait {
  public:
-  timed_wait(const call_info& c, int peer) noexcept : c_(c.rec != nullptr ? &c : nullptr), peer_(peer) {
-    if (c_ == nullptr) return;
-    c_->waiting(peer);
-    t0_ = std::chrono::steady_clock::now();
-  }
+  timed_wait(const call_info& c, int peer) noexcept : c_(c.rec != nullptr ? &c : nullptr), peer_(peer) {}
   ~timed_wait() {
-    if (c_ != nullptr) c_->waited(peer_, std::chrono::steady_clock::now() - t0_);
+    if (t0_ != 0) c_->waited(peer_, std::chrono::nanoseconds(wall_ns() - t0_));
   }
   timed_wait(const timed_wait&) = delete;
   timed_wait& operator=(const timed_wait&) = delete;
 
+  void start() noexcept {
+    if (c_ == nullptr || t0_ != 0) return;
+    c_->waiting(peer_);
+    t0_ = wall_ns();
+  }
+  on_block hook() noexcept { return c_ == nullptr ? on_block{} : on_block{&start_fn, this}; }
+
  private:
+  static void start_fn(void* self) noexcept { static_cast<timed_wait*>(self)->start(); }
   const call_info* c_;
   int peer_;
-  std::chrono::steady_clock::time_point t0_{};
+  std::int64_t t0_ = 0;
 };
 }  // namespace detail
 

@@ -94,13 +94,25 @@ inline int usable_cores() noexcept {
 /// (transport::shm does); threads of one process share its mask.
 inline int spin_for(int ranks, int cores = usable_cores()) noexcept { return ranks > cores ? 8 : kSpinIterations; }
 
+/// Told when a wait stops spinning and starts to block (yield, then sleep): the flight recorder
+/// times waits from there (signature.hpp: timed_wait), so one that the spin ends costs nothing.
+struct on_block {
+  void (*fn)(void*) noexcept = nullptr;
+  void* arg = nullptr;
+  void operator()() const noexcept {
+    if (fn != nullptr) fn(arg);
+  }
+};
+
 template <class Done, class Check>
 wait_result wait_on(waitable& w, Done done, Check check, std::chrono::nanoseconds timeout, bool shared,
-                    int spin = kSpinIterations) {
+                    int spin = kSpinIterations, on_block blocked = {}) {
   for (int i = 0; i < spin; ++i) {
     if (done()) return wait_result::ready;
     cpu_relax();
   }
+  if (done()) return wait_result::ready;
+  blocked();
   for (int i = 0; i < kYieldIterations; ++i) {
     if (done()) return wait_result::ready;
     sched_yield();

@@ -333,8 +333,8 @@ class inproc {
       if (advance()) continue;
       const char* what = "";
       const int p = first_pending(what);
-      const detail::timed_wait tw(call, p);
-      if (detail::wait_on(g_->doorbell(rank_), ready, check, call.timeout, false, spin_) == detail::wait_result::timed_out)
+      detail::timed_wait tw(call, p);
+      if (detail::wait_on(g_->doorbell(rank_), ready, check, call.timeout, false, spin_, tw.hook()) == detail::wait_result::timed_out)
         call.timed_out(p, what);
     }
   }
@@ -367,8 +367,8 @@ class inproc {
         if (g_->state(p) == rank_state::live) return;
       call.fail(errc::peer_lost, "every rank it could receive from has left the communicator (" + call.peers(peers) + ")");
     };
-    const detail::timed_wait tw(call, -1);
-    if (detail::wait_on(g_->doorbell(rank_), ready, check, call.timeout, false, spin_) == detail::wait_result::timed_out)
+    detail::timed_wait tw(call, -1);
+    if (detail::wait_on(g_->doorbell(rank_), ready, check, call.timeout, false, spin_, tw.hook()) == detail::wait_result::timed_out)
       call.timed_out_any(peers);
     return found;
   }

@@ -129,8 +129,8 @@ class planned {
       if (group().state(q) != state::live)
         call.fail(errc::peer_lost, call.peer(q) + " has left the communicator while this rank waited for it (" + what + ")");
     };
-    const detail::timed_wait tw(call, q);
-    if (detail::wait_on(group().doorbell(rank()), ready, check, call.timeout, false, spin_) == detail::wait_result::timed_out)
+    detail::timed_wait tw(call, q);
+    if (detail::wait_on(group().doorbell(rank()), ready, check, call.timeout, false, spin_, tw.hook()) == detail::wait_result::timed_out)
       call.timed_out(q, what);
   }
 

@@ -415,8 +415,8 @@ class shm {
       }
       const char* what = "";
       const int p = first_pending(what);
-      const detail::timed_wait tw(call, p);
-      if (detail::wait_on(me().doorbell, ready, check, call.timeout, true, spin_) == detail::wait_result::timed_out)
+      detail::timed_wait tw(call, p);
+      if (detail::wait_on(me().doorbell, ready, check, call.timeout, true, spin_, tw.hook()) == detail::wait_result::timed_out)
         call.timed_out(p, what);
     }
   }
@@ -453,8 +453,8 @@ class shm {
       report_failed_elsewhere(call);
       call.fail(errc::peer_lost, "every rank it could receive from has left the job (" + call.peers(peers) + ")");
     };
-    const detail::timed_wait tw(call, -1);
-    if (detail::wait_on(me().doorbell, ready, check, call.timeout, true, spin_) == detail::wait_result::timed_out)
+    detail::timed_wait tw(call, -1);
+    if (detail::wait_on(me().doorbell, ready, check, call.timeout, true, spin_, tw.hook()) == detail::wait_result::timed_out)
       call.timed_out_any(peers);
     return found;
   }
