@@ -334,3 +334,100 @@ TEST_CASE("collx-trace's reader: the dump the recorder writes reads back as writ
     CHECK_THROWS_AS(collx_trace::read_dump_text(text0.substr(0, cut), "cut"), collx_trace::parse_error);
   CHECK_THROWS_AS(collx_trace::read_dump_text("{\"other\":1}", "x"), collx_trace::parse_error);
 }
+
+namespace {
+std::vector<std::string> lines_of(const std::filesystem::path& p) {
+  std::ifstream f(p);
+  std::vector<std::string> v;
+  for (std::string l; std::getline(f, l);) v.push_back(l);
+  return v;
+}
+std::size_t count_with(const std::vector<std::string>& v, const std::string& a, const std::string& b = {}) {
+  return std::size_t(std::count_if(v.begin(), v.end(), [&](const std::string& l) {
+    return l.find(a) != std::string::npos && l.find(b) != std::string::npos;
+  }));
+}
+}  // namespace
+
+TEST_CASE("COLLX_DEBUG: communicators made, automatic's choices once per shape, every call at TRACE, a file per rank",
+          "[flight][debug]") {
+  const auto dir = std::filesystem::temp_directory_path() / ("collx-debug-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const scoped_env file("COLLX_DEBUG_FILE", (dir / "log.%r").string());
+  for (const char* level : {"TRACE", "info", "WARN"}) {
+    INFO("COLLX_DEBUG=" << level);
+    const scoped_env e("COLLX_DEBUG", level);
+    std::vector<std::string> ran(3);  // the policy automatic ran at each size, from the flight record
+    collx::launch_threads(3, [&](auto& comm) {
+      auto half = comm.split(comm.rank() == 2 ? 1 : 0, comm.rank(), "half");
+      for (std::size_t count : {std::size_t(8), std::size_t(1) << 18})
+        for (int i = 0; i < 2; ++i) {
+          std::vector<float> v(count, 1.0f);
+          collx::all_reduce(comm, std::span(v), collx::ops::sum{}, collx::algo::automatic{});
+          if (v[count - 1] != 3.0f) throw std::runtime_error("wrong sum");
+        }
+      std::vector<int> w(5, 1);
+      collx::all_reduce(half, std::span(w), collx::ops::sum{}, collx::algo::ring{});
+      for (const auto& rec : collx::flight::records(comm))
+        if (text(rec.sig.collective, sizeof rec.sig.collective) == "all_reduce")
+          ran[std::size_t(comm.rank())] += std::to_string(rec.sig.count) + "=" + text(rec.sig.policy, sizeof rec.sig.policy) + " ";
+    });
+    for (int r = 0; r < 3; ++r) {
+      INFO("rank " << r << " ran " << ran[std::size_t(r)]);
+      const auto log = lines_of(dir / ("log." + std::to_string(r)));
+      std::string all;
+      for (const auto& l : log) all += l + "\n";
+      INFO(all);
+      const bool info = std::string(level) != "WARN", trace = std::string(level) == "TRACE";
+      CHECK(count_with(log, "collx[" + std::to_string(r) + "] INFO communicator world: rank " + std::to_string(r) + " of 3, transport inproc") == (info ? 1u : 0u));
+      const std::string half = r == 2 ? "communicator half: rank 0 of 1 (job ranks 2), split from world"
+                                      : "communicator half: rank " + std::to_string(r) + " of 2 (job ranks 0,1), split from world";
+      CHECK(count_with(log, "INFO " + half) == (info ? 1u : 0u));
+      // once per shape, naming the policy that the record says ran
+      for (std::size_t count : {std::size_t(8), std::size_t(1) << 18}) {
+        const std::string shape = "INFO algo::automatic: all_reduce of " + std::to_string(count) + " x 4 B over 3 ranks: ";
+        CHECK(count_with(log, shape, "predicted") == (info && trace ? 1u : info ? 1u : 0u));
+        for (const auto& l : log)
+          if (l.find(shape) != std::string::npos) {
+            const std::string pol = l.substr(l.find(shape) + shape.size(), l.find(',', l.find(shape) + shape.size()) - l.find(shape) - shape.size());
+            CHECK(ran[std::size_t(r)].find(std::to_string(count) + "=" + pol + " ") != std::string::npos);
+            CHECK(l.find("runner-up") != std::string::npos);
+          }
+      }
+      CHECK(count_with(log, "TRACE all_reduce #", "done in") == (trace ? 4u + 1u : 0u));
+      CHECK(count_with(log, "TRACE all_reduce #", "on half: done in") == (trace ? 1u : 0u));
+      CHECK(count_with(log, " WARN ") == 0u);
+    }
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+  }
+  SECTION("WARN: a failed call, with its error") {
+    const scoped_env e("COLLX_DEBUG", "WARN");
+    collx::options o;
+    o.timeout = 300ms;
+    collx::launch_threads(2, [&](auto& comm) {
+      std::vector<int> v(comm.rank() == 1 ? 3 : 4, 1);
+      try {
+        collx::all_reduce(comm, std::span(v), collx::ops::sum{}, collx::algo::ring{});
+      } catch (const collx::error&) {
+      }
+    }, o);
+    for (int r = 0; r < 2; ++r) {
+      const auto log = lines_of(dir / ("log." + std::to_string(r)));
+      INFO("rank " << r << ": " << (log.empty() ? std::string("(nothing)") : log.front()));
+      CHECK(log.size() == 1);
+      CHECK(count_with(log, "collx[" + std::to_string(r) + "] WARN all_reduce #1 (ring, sum, ", "failed in") == 1);
+    }
+  }
+  SECTION("a level that is none of them is an error naming the variable") {
+    const scoped_env e("COLLX_DEBUG", "LOUD");
+    try {
+      collx::launch_threads(2, [](auto&) {});
+      FAIL("no error");
+    } catch (const collx::error& x) {
+      CHECK(std::string(x.what()).find("COLLX_DEBUG=\"LOUD\" is not WARN, INFO, TRACE or OFF") != std::string::npos);
+    }
+  }
+  std::filesystem::remove_all(dir);
+}

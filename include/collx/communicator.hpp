@@ -10,6 +10,7 @@
 // rank that passes collx::no_color; every call on it fails with errc::invalid_argument.
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <utility>
@@ -21,6 +22,7 @@
 
 #include "algo/profile.hpp"
 #include "concepts.hpp"
+#include "debug.hpp"
 #include "detail/call_queue.hpp"
 #include "env.hpp"
 #include "error.hpp"
@@ -64,7 +66,7 @@ class communicator {
  public:
   using transport_type = T;
 
-  explicit communicator(T t, options o = {}) : s_(std::make_unique<state>(std::move(t), o)) { s_->bind_recorder(); }
+  explicit communicator(T t, options o = {}) : s_(std::make_unique<state>(std::move(t), o)) { s_->bind_observers(""); }
   /// A null communicator (see the top).
   communicator() = default;
   communicator(communicator&&) noexcept = default;
@@ -171,6 +173,8 @@ class communicator {
   /// This communicator's flight recorder (flight.hpp): its last calls and its wait table.
   detail::flight_recorder& recorder() noexcept { return s_->rec; }
   const detail::flight_recorder& recorder() const noexcept { return s_->rec; }
+  /// Its debug output (COLLX_DEBUG: debug.hpp).
+  const detail::debug_log& debug() const noexcept { return s_->dbg; }
 
   /// The order of this communicator's calls (detail/call_queue.hpp).
   detail::call_queue& calls_queue() { return s_->queue; }
@@ -181,7 +185,7 @@ class communicator {
   communicator make_child(T t, comm_identity id) const {
     communicator c(std::move(t), s_->opts);
     c.s_->id = std::move(id);
-    c.s_->bind_recorder();
+    c.s_->bind_observers(s_->id.is_job() ? "world" : s_->id.name);
     return c;
   }
 
@@ -202,9 +206,33 @@ class communicator {
   struct state {
     state(T x, options o) : t(std::move(x)), opts(o) {}
     ~state() { queue.shutdown(); }  // outstanding calls finish before the transport goes
-    void bind_recorder() {
-      rec.bind(&id, t.rank(), t.size(), detail::transport_kind(t));
+    /// The flight recorder and the debug output, as the communicator is made (`parent`: the
+    /// name of the communicator it was split from, "" for the job's own).
+    void bind_observers(const std::string& parent) {
+      dbg.level = detail::debug_level_from_env();
+      dbg.job_rank = id.job_rank(t.rank());
+      dbg.sink = detail::debug_sink::open(dbg.level, dbg.job_rank);
+      rec.bind(&id, t.rank(), t.size(), detail::transport_kind(t), &dbg);
       if (rec.enabled() && detail::env_int("COLLX_DUMP_ON_SIGUSR2", 0ll, 1ll, 0) == 1) flight::dump_on_signal();
+      if (!dbg.on(debug_level::info)) return;
+      std::string m = "communicator " + (id.is_job() ? std::string("world") : id.name) + ": rank " + std::to_string(t.rank()) +
+                      " of " + std::to_string(t.size());
+      if (!id.is_job()) {
+        m += " (job ranks";
+        for (std::size_t k = 0; k < id.job_ranks.size(); ++k) m += (k ? "," : " ") + std::to_string(id.job_ranks[k]);
+        m += "), split from " + parent;
+      }
+      m += ", transport " + std::string(detail::transport_kind(t)) + ", host " + detail::host_name() + ", pid " +
+           std::to_string(::getpid());
+      if constexpr (requires { t.peer_address(0); }) {
+        m += ", peers:";
+        for (int p = 0; p < t.size(); ++p)
+          if (p != t.rank()) m += " " + std::to_string(p) + "=" + t.peer_address(p);
+      }
+      char b[48];
+      std::snprintf(b, sizeof b, ", timeout %g s", std::chrono::duration<double>(opts.timeout).count());
+      m += b;
+      dbg.write(debug_level::info, m);
     }
     T t;
     options opts;
@@ -217,7 +245,8 @@ class communicator {
     detail::schedule_cache cache;
     bytes_vec scratch;
     bytes_vec pack;
-    detail::flight_recorder rec;
+    detail::debug_log dbg;
+    detail::flight_recorder rec;  // after dbg: it writes TRACE lines to it
     detail::call_queue queue;  // last: its thread may use everything above
   };
   std::unique_ptr<state> s_;

@@ -51,6 +51,10 @@ inline constexpr variable variables[] = {
     {"COLLX_DUMP_DIR", "directory",
      "where the flight recorder writes collx-rank<R>.json on a failed call, on SIGUSR2 and on flight::dump; unset: no dump on failure"},
     {"COLLX_DUMP_ON_SIGUSR2", "0 or 1", "1: SIGUSR2 dumps every communicator of the process into COLLX_DUMP_DIR (else .)"},
+    {"COLLX_DEBUG", "WARN, INFO, TRACE or OFF",
+     "debug lines (debug.hpp): WARN failed calls; INFO also communicators made and automatic's choices; TRACE also every "
+     "call with its timing; default OFF"},
+    {"COLLX_DEBUG_FILE", "path (%r job rank, %p pid, %h host)", "where COLLX_DEBUG's lines go (log.%r: one file per rank); default stderr"},
 };
 
 inline const variable* find(std::string_view name) noexcept {

@@ -33,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "debug.hpp"
 #include "detail/flight_record.hpp"
 #include "env.hpp"
 #include "error.hpp"
@@ -157,8 +158,10 @@ class flight_recorder {
   }
 
   /// Which communicator this records (set by the communicator; the identity stays put).
-  void bind(const comm_identity* id, int rank, int size, const char* transport) {
+  void bind(const comm_identity* id, int rank, int size, const char* transport, const debug_log* dbg = nullptr) {
     std::lock_guard g(mu_);
+    dbg_ = dbg != nullptr && dbg->on(debug_level::warn) ? dbg : nullptr;
+    if (cap_ == 0 && dbg != nullptr && dbg->on(debug_level::trace)) cap_ = 1;  // TRACE prints the record's timings
     id_ = id;
     rank_ = rank;
     size_ = size;
@@ -191,10 +194,12 @@ class flight_recorder {
     r.size = size_;
     r.code = 0;
     r.error.clear();
+    r.policy = nullptr;
     r.waited_live.store(0, std::memory_order_relaxed);
     r.waiting_for.store(-1, std::memory_order_relaxed);
     r.entered_ns = wall_ns();
     sig.entered_ns = r.entered_ns;
+    if (dbg_ != nullptr) o.sig = sig;
     {
       std::lock_guard g(mu_);
       o.index = next_++;
@@ -255,6 +260,7 @@ class flight_recorder {
       if (next_ - o.index <= cap_) {  // not overwritten by later calls (nested ones)
         flight_entry& e = slot(o.index);
         e.state = failed ? call_state::failed : call_state::done;
+        if (r.policy != nullptr) set_name(e.sig.policy, r.policy);
         e.end_ns = end;
         e.waited_ns = r.waited_live.load(std::memory_order_relaxed);
         e.peers = top;
@@ -277,6 +283,7 @@ class flight_recorder {
       while (depth_ > 0 && !open_[depth_ - 1].live) --depth_;
     }
     if (dump && depth_ == 0) dump_job_rank_noexcept(job, "a call failed");
+    if (dbg_ != nullptr && (failed || dbg_->on(debug_level::trace))) debug_line(d, failed, end, top, n_top);
   }
   static void close_fn(void* self, call_record* r, bool failed) noexcept {
     static_cast<flight_recorder*>(self)->close(r, failed);
@@ -352,10 +359,33 @@ class flight_recorder {
     std::vector<int> touched;
     std::vector<std::int64_t> late_blame;  // per touched peer, filled at close
     std::uint64_t index = 0;
+    call_signature sig;  // kept only for debug lines (dbg_)
     bool live = false;  // guarded by mu_
     void touched_late(int, std::int64_t late) { late_blame.push_back(late); }
   };
 
+  /// WARN for a failed call, TRACE for every call: what it was, how long it took and waited.
+  void debug_line(int d, bool failed, std::int64_t end, const std::array<peer_wait, flight_entry::kPeers>& top, int n_top) noexcept {
+    try {
+      const call_record& r = open_[d].rec;
+      if (r.policy != nullptr) set_name(open_[d].sig.policy, r.policy);
+      std::string m = sig_text(open_[d].sig.collective, sizeof open_[d].sig.collective).empty() ? "call" : open_[d].sig.describe();
+      if (id_ != nullptr && !id_->is_job()) m += " on " + id_->name;
+      char b[96];
+      std::snprintf(b, sizeof b, ": %s in %.1f us, waited %.1f us", failed ? "failed" : "done", double(end - r.entered_ns) / 1e3,
+                    double(r.waited_live.load(std::memory_order_relaxed)) / 1e3);
+      m += b;
+      for (int k = 0; k < n_top; ++k) {
+        std::snprintf(b, sizeof b, "%s rank %d %.1f us", k == 0 ? " (on" : ",", top[std::size_t(k)].peer,
+                      double(top[std::size_t(k)].waited_ns) / 1e3);
+        m += b;
+      }
+      if (n_top > 0) m += ")";
+      if (failed) m += ": " + (r.error.empty() ? std::string("an exception left the call") : r.error);
+      dbg_->write(failed ? debug_level::warn : debug_level::trace, m);
+    } catch (...) {
+    }
+  }
   int job_rank_locked() const noexcept { return id_ == nullptr ? rank_ : id_->job_rank(rank_); }
   flight_entry& slot(std::uint64_t i) {
     const std::size_t k = std::size_t(i % cap_);
@@ -374,7 +404,8 @@ class flight_recorder {
     return e;
   }
 
-  const std::size_t cap_;
+  std::size_t cap_;  // set before the first call (bind)
+  const debug_log* dbg_ = nullptr;  // the communicator's, when it prints WARN or more
   mutable record_lock mu_;
   std::vector<flight_entry> ring_;
   std::uint64_t next_ = 0;

@@ -11,6 +11,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -56,9 +57,12 @@ void launch_threads(int n, F&& f, options opts = {}) {
   const bool caller_known = pthread_getaffinity_np(pthread_self(), sizeof caller, &caller) == 0;
   auto body = [&](int r) {
     pin(r);
-    communicator<transport_t> comm{transport_t{transport::inproc{g, r}}, opts};
+    // Made inside the try: a communicator that cannot be made (a bad COLLX_* variable) fails
+    // its rank like any error, instead of ending the process; it goes after leave() either way.
+    std::optional<communicator<transport_t>> comm;
     try {
-      f(comm);
+      comm.emplace(transport_t{transport::inproc{g, r}}, opts);
+      f(*comm);
       g->leave(r, false, {});
     } catch (const std::exception& e) {
       g->leave(r, true, e.what());

@@ -146,6 +146,29 @@ void automatic_setup(communicator<T>& comm) {
   st.ready = true;
 }
 
+/// COLLX_DEBUG=INFO: automatic's choice for a new shape, its predicted time and the runner-up's.
+inline void debug_choice(const debug_log& dbg, const model::problem& pr, const model::params& p, algo::choice best,
+                         const std::string& source, const comm_identity& id) {
+  auto v = model::evaluate(pr, p);
+  std::sort(v.begin(), v.end(), [](const model::candidate& a, const model::candidate& b) { return a.seconds < b.seconds; });
+  char b[160];
+  std::string m = "algo::automatic: " + std::string(model::name(pr.coll)) + " of " + std::to_string(pr.count) + " x " +
+                  std::to_string(pr.elem) + " B over " + std::to_string(pr.n) + " ranks" +
+                  (id.is_job() ? std::string() : " on " + id.name) + ": " + model::name(best);
+  for (const model::candidate& x : v)
+    if (x.policy == best) {
+      std::snprintf(b, sizeof b, ", predicted %.2f us", x.seconds * 1e6);
+      m += b;
+    }
+  for (const model::candidate& x : v)
+    if (x.policy != best) {
+      std::snprintf(b, sizeof b, "; runner-up %s, %.2f us", model::name(x.policy), x.seconds * 1e6);
+      m += b;
+      break;
+    }
+  dbg.write(debug_level::info, m + " (model parameters: " + source + ")");
+}
+
 /// The policy automatic runs for this call: COLLX_ALGO's, or the model's least predicted time.
 /// `count` is the collective's count argument (model::problem).
 template <class T>
@@ -170,9 +193,11 @@ algo::choice automatic_choice(communicator<T>& comm, algo::collective c, std::si
   const std::array<std::uint64_t, 4> key{std::uint64_t(c) | std::uint64_t(commutative) << 8, count, elem, std::uint64_t(n)};
   if (auto it = st.decisions.find(key); it != st.decisions.end()) return algo::choice(it->second);
   const model::params p{st.n.alpha, st.n.beta, st.n.gamma, {}, st.n.cores, st.n.ranks, st.n.delta, st.n.curve, st.n.fit};
-  const algo::choice best = model::best({c, n, count, elem, 0, commutative}, p);
+  const model::problem pr{c, n, count, elem, 0, commutative};
+  const algo::choice best = model::best(pr, p);
   if (st.decisions.size() >= st.kMaxDecisions) st.decisions.clear();
   st.decisions.emplace(key, std::int8_t(best));
+  if (comm.debug().on(debug_level::info)) debug_choice(comm.debug(), pr, p, best, st.source, comm.identity());
   return best;
 }
 
@@ -186,6 +211,7 @@ void with_policy(const Algo& a, communicator<T>& comm, std::size_t count, call_i
     constexpr bool commutative = is_commutative_v<Op>;
     auto run = [&](const auto& pol) {
       set_name(call.sig.policy, std::decay_t<decltype(pol)>::name);
+      if (call.rec != nullptr) call.rec->policy = std::decay_t<decltype(pol)>::name;  // the record says what ran
       f(pol);
     };
     // The chosen policy, among those of algo::policies that have a schedule for C and this op

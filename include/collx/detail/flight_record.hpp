@@ -122,6 +122,7 @@ struct call_record {
   int size = 0;
   int code = 0;  // the collx::errc it failed with (0: none recorded)
   std::string error;
+  const char* policy = nullptr;  // the policy algo::automatic chose (its name), once it has
 
   void add_wait(int peer, std::int64_t ns) noexcept {
     waiting_for.store(-1, std::memory_order_relaxed);
