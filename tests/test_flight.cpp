@@ -431,3 +431,86 @@ TEST_CASE("COLLX_DEBUG: communicators made, automatic's choices once per shape, 
   }
   std::filesystem::remove_all(dir);
 }
+
+TEMPLATE_TEST_CASE("desync report: a timeout says where every rank of the communicator is", "[flight][desync]", threads, processes) {
+  const scoped_env t("COLLX_TIMEOUT_S", "0.4");
+  for (int n : {3, 5}) {
+    INFO("n = " << n);
+    const int late = n - 2;  // enters all_reduce #2 long after everyone's deadline
+    CHECK(run_checked<TestType>(n, [late](auto& comm, auto note) {
+            std::vector<float> v(16, 1.0f);
+            try {
+              collx::all_reduce(comm, std::span(v), collx::ops::sum{}, collx::algo::ring{});
+              if (comm.rank() == late) {
+                std::this_thread::sleep_for(1200ms);
+                return;
+              }
+              collx::all_reduce(comm, std::span(v), collx::ops::sum{}, collx::algo::ring{});
+              note("all_reduce #2 did not fail");
+            } catch (const collx::error& e) {
+              if (e.code() != collx::errc::timeout) return;  // told by a peer that timed out: no report of its own
+              const std::string m = e.what();
+              const std::string where = "; where the ranks are: rank " + std::to_string(late) + " is done with all_reduce #1";
+              if (m.find(where) == std::string::npos || m.find("all_reduce #2") == std::string::npos ||
+                  m.find("rank " + std::to_string(late) + " is in") != std::string::npos)
+                note("the timeout does not say where the ranks are: " + m);
+            }
+          }) == "");
+  }
+}
+
+TEST_CASE("desync report: on a split communicator, its own ranks and positions", "[flight][desync]") {
+  const scoped_env t("COLLX_TIMEOUT_S", "0.4");
+  std::vector<std::string> got(4);
+  collx::launch_threads(4, [&](auto& comm) {
+    auto tp = comm.split(comm.rank() / 2, comm.rank(), "tp");
+    std::vector<int> v(3, 1);
+    try {
+      collx::all_reduce(tp, std::span(v), collx::ops::sum{}, collx::algo::ring{});
+      if (comm.rank() == 3) {
+        std::this_thread::sleep_for(1000ms);
+        return;
+      }
+      collx::all_reduce(tp, std::span(v), collx::ops::sum{}, collx::algo::ring{});
+    } catch (const collx::error& e) {
+      got[std::size_t(comm.rank())] = e.what();
+    }
+  });
+  INFO(got[2]);
+  CHECK(got[0].empty());
+  CHECK(got[1].empty());
+  CHECK(got[2].find("on communicator tp: rank 0 (job rank 2) timed out") != std::string::npos);
+  CHECK(got[2].find("; where the ranks are: rank 1 (job rank 3) is done with all_reduce #1; rank 0 (job rank 2) is in "
+                    "all_reduce #2, waiting for rank 1 (job rank 3)") != std::string::npos);
+}
+
+TEST_CASE("desync report: 8 ranks, one behind: the others in one line, as ranges", "[flight][desync]") {
+  const scoped_env t("COLLX_TIMEOUT_S", "0.5");
+  std::vector<std::string> got(8);
+  collx::launch_threads(8, [&](auto& comm) {
+    std::vector<int> v(3, 1);
+    try {
+      for (int i = 0; i < 3; ++i) {
+        if (comm.rank() == 3 && i == 2) {
+          std::this_thread::sleep_for(1500ms);
+          return;
+        }
+        collx::all_reduce(comm, std::span(v), collx::ops::sum{}, collx::algo::tree{});
+      }
+    } catch (const collx::error& e) {
+      if (e.code() == collx::errc::timeout) got[std::size_t(comm.rank())] = e.what();
+    }
+  });
+  std::string all;
+  int reports = 0;
+  for (const auto& s : got)
+    if (!s.empty()) {
+      all += s + "\n";
+      ++reports;
+      CHECK(s.find("where the ranks are: rank 3 is done with all_reduce #2;") != std::string::npos);
+    }
+  INFO(all);
+  CHECK(reports >= 1);
+  // the first to time out saw the others still in the call, together
+  CHECK(all.find("ranks 0-2, 4-7 are in all_reduce #3") != std::string::npos);
+}

@@ -212,7 +212,9 @@ class communicator {
       dbg.level = detail::debug_level_from_env();
       dbg.job_rank = id.job_rank(t.rank());
       dbg.sink = detail::debug_sink::open(dbg.level, dbg.job_rank);
-      rec.bind(&id, t.rank(), t.size(), detail::transport_kind(t), &dbg);
+      detail::position_board board;
+      if constexpr (requires { t.positions(); }) board = t.positions();
+      rec.bind(&id, t.rank(), t.size(), detail::transport_kind(t), &dbg, board);
       if (rec.enabled() && detail::env_int("COLLX_DUMP_ON_SIGUSR2", 0ll, 1ll, 0) == 1) flight::dump_on_signal();
       if (!dbg.on(debug_level::info)) return;
       std::string m = "communicator " + (id.is_job() ? std::string("world") : id.name) + ": rank " + std::to_string(t.rank()) +

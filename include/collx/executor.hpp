@@ -157,6 +157,7 @@ void open_record(communicator<T>& comm, call_info& c) {
   if (!fr.enabled()) return;
   c.rec = fr.open(c.sig, tl_issued_ns);
   if (c.rec == nullptr) return;
+  c.board = fr.board();
   c.mark.close = &flight_recorder::close_fn;
   c.mark.recorder = &fr;
   c.mark.rec = c.rec;

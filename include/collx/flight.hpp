@@ -158,8 +158,11 @@ class flight_recorder {
   }
 
   /// Which communicator this records (set by the communicator; the identity stays put).
-  void bind(const comm_identity* id, int rank, int size, const char* transport, const debug_log* dbg = nullptr) {
+  void bind(const comm_identity* id, int rank, int size, const char* transport, const debug_log* dbg = nullptr,
+            position_board board = {}) {
     std::lock_guard g(mu_);
+    board_ = board;
+    pos_ = board.base != nullptr && rank >= 0 && rank < board.n ? board.at(rank) : nullptr;
     dbg_ = dbg != nullptr && dbg->on(debug_level::warn) ? dbg : nullptr;
     if (cap_ == 0 && dbg != nullptr && dbg->on(debug_level::trace)) cap_ = 1;  // TRACE prints the record's timings
     id_ = id;
@@ -170,6 +173,8 @@ class flight_recorder {
     cum_.late_ns.assign(std::size_t(size > 0 ? size : 0), 0);
   }
   bool enabled() const noexcept { return cap_ != 0; }
+  /// The position board of the communicator (empty when its transport has none).
+  const position_board& board() const noexcept { return board_; }
   std::size_t capacity() const noexcept { return cap_; }
   /// The job rank of this communicator's own rank (any thread may ask: a dump does).
   int job_rank() const {
@@ -195,6 +200,8 @@ class flight_recorder {
     r.code = 0;
     r.error.clear();
     r.policy = nullptr;
+    r.pos = sig.seq != 0 ? pos_ : nullptr;  // collectives only: point to point has no place in a sequence
+    if (r.pos != nullptr) publish(*r.pos, sig, position::kIn);
     r.waited_live.store(0, std::memory_order_relaxed);
     r.waiting_for.store(-1, std::memory_order_relaxed);
     r.entered_ns = wall_ns();
@@ -229,6 +236,12 @@ class flight_recorder {
     open_call& o = open_[d];
     call_record& r = o.rec;
     const std::int64_t end = wall_ns();
+    if (r.pos != nullptr) {
+      r.pos->waiting_for.store(-1, std::memory_order_relaxed);
+      r.pos->seq_state.store((r.pos->seq_state.load(std::memory_order_relaxed) & ~std::uint64_t(3)) |
+                                 (failed ? position::kFailed : position::kDone),
+                             std::memory_order_relaxed);
+    }
     // The peers waited on longest, and what each one's late entry explains.
     std::array<peer_wait, flight_entry::kPeers> top{};
     int n_top = 0;
@@ -386,6 +399,15 @@ class flight_recorder {
     } catch (...) {
     }
   }
+  static void publish(position& p, const call_signature& sig, std::uint64_t state) noexcept {
+    std::uint64_t w[2];
+    static_assert(sizeof sig.collective == sizeof w);
+    std::memcpy(w, sig.collective, sizeof w);
+    p.name[0].store(w[0], std::memory_order_relaxed);
+    p.name[1].store(w[1], std::memory_order_relaxed);
+    p.waiting_for.store(-1, std::memory_order_relaxed);
+    p.seq_state.store(sig.seq << 2 | state, std::memory_order_relaxed);
+  }
   int job_rank_locked() const noexcept { return id_ == nullptr ? rank_ : id_->job_rank(rank_); }
   flight_entry& slot(std::uint64_t i) {
     const std::size_t k = std::size_t(i % cap_);
@@ -405,6 +427,8 @@ class flight_recorder {
   }
 
   std::size_t cap_;  // set before the first call (bind)
+  position_board board_;      // the communicator's, where its transport has one
+  position* pos_ = nullptr;   // this rank's on it
   const debug_log* dbg_ = nullptr;  // the communicator's, when it prints WARN or more
   mutable record_lock mu_;
   std::vector<flight_entry> ring_;

@@ -9,6 +9,7 @@
 // its next exchanging call carries: ranks whose zero-element calls differed (collective, root,
 // op, element size) fail there with errc::mismatch. A zero-element call on one rank against a
 // non-empty one on another shifts the sequence numbers and fails the same way.
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -144,8 +145,10 @@ struct call_info {
   /// Transports say where their waits go: waiting(p) before a blocking wait on peer p,
   /// waited(p, ns) after it, heard(p, sig) for each message taken from p.
   void waiting(int peer) const noexcept {
-    if (rec != nullptr) rec->waiting_for.store(peer, std::memory_order_relaxed);
+    if (rec != nullptr) rec->waiting(peer);
   }
+  /// The communicator's position board (flight_record.hpp), where its transport has one.
+  detail::position_board board;
   void waited(int peer, std::chrono::nanoseconds d) const noexcept {
     if (rec != nullptr) rec->add_wait(peer, d.count());
   }
@@ -182,12 +185,71 @@ struct call_info {
   /// number 0) of this communicator. Whether its size and element type fit, its receive checks.
   bool takes_any_source(const call_signature& theirs) const noexcept { return theirs.seq == 0 && theirs.comm == sig.comm; }
   [[noreturn]] void timed_out_any(std::span<const int> ps) const {
-    fail(errc::timeout, "timed out after " + detail::format_seconds(timeout) + " waiting for a message from any of " + peers(ps));
+    fail(errc::timeout, "timed out after " + detail::format_seconds(timeout) + " waiting for a message from any of " + peers(ps) +
+                            positions());
   }
 
   [[noreturn]] void timed_out(int peer, const char* waiting_for) const {
     fail(errc::timeout, "timed out after " + detail::format_seconds(timeout) + " waiting for " + this->peer(peer) + " (" +
-                            waiting_for + ")");
+                            waiting_for + ")" + positions());
+  }
+
+  /// The desync report a timeout ends with, where the board says where every rank is: "; where
+  /// the ranks are: rank 1 (job rank 5) is done with all_reduce #41; ranks 0, 2-3 are in
+  /// all_reduce #42, waiting for rank 1". Empty without a board.
+  std::string positions() const {
+    if (board.base == nullptr || board.n <= 0) return {};
+    struct place {
+      std::uint64_t seq_state;
+      std::string name;
+      std::vector<int> ranks, waits;
+    };
+    std::vector<place> places;
+    for (int r = 0; r < board.n; ++r) {
+      const detail::position& p = *board.at(r);
+      const std::uint64_t ss = p.seq_state.load(std::memory_order_relaxed);
+      char nm[17] = {};
+      const std::uint64_t w0 = p.name[0].load(std::memory_order_relaxed), w1 = p.name[1].load(std::memory_order_relaxed);
+      std::memcpy(nm, &w0, 8);
+      std::memcpy(nm + 8, &w1, 8);
+      const std::string name(nm, strnlen(nm, 16));
+      place* at = nullptr;
+      for (place& q : places)
+        if (q.seq_state == ss && q.name == name) at = &q;
+      if (at == nullptr) at = &places.emplace_back(place{ss, name, {}, {}});
+      at->ranks.push_back(r);
+      at->waits.push_back((ss & 3) == detail::position::kIn ? p.waiting_for.load(std::memory_order_relaxed) : -1);
+    }
+    std::sort(places.begin(), places.end(), [](const place& a, const place& b) { return a.seq_state < b.seq_state; });
+    std::string o = "; where the ranks are:";
+    for (std::size_t k = 0; k < places.size(); ++k) {
+      const place& q = places[k];
+      std::string who = q.ranks.size() == 1 ? peer(q.ranks.front()) : std::string();
+      for (std::size_t i = 0; q.ranks.size() > 1 && i < q.ranks.size();) {  // "0-2, 4, 6-7"
+        std::size_t k = i;
+        while (k + 1 < q.ranks.size() && q.ranks[k + 1] == q.ranks[k] + 1) ++k;
+        who += (i ? ", " : "") + std::to_string(q.ranks[i]) + (k > i + 1 ? "-" + std::to_string(q.ranks[k]) : "");
+        if (k == i + 1) who += ", " + std::to_string(q.ranks[k]);
+        i = k + 1;
+      }
+      o += std::string(k ? ";" : "") + " " + (q.ranks.size() == 1 ? who : "ranks " + who) + (q.ranks.size() == 1 ? " is " : " are ");
+      const std::string call = q.name + " #" + std::to_string(q.seq_state >> 2);
+      switch (q.seq_state & 3) {
+        case detail::position::kNone: o += "in no collective yet"; break;
+        case detail::position::kIn: o += "in " + call; break;
+        case detail::position::kDone: o += "done with " + call; break;
+        default: o += "failed in " + call; break;
+      }
+      bool same = true;
+      for (int w : q.waits) same = same && w == q.waits.front();
+      if (same && q.waits.front() >= 0) {
+        o += ", waiting for " + peer(q.waits.front());
+      } else if (!same) {
+        for (std::size_t i = 0; i < q.waits.size(); ++i)
+          if (q.waits[i] >= 0) o += std::string(", ") + std::to_string(q.ranks[i]) + " waiting for " + std::to_string(q.waits[i]);
+      }
+    }
+    return o;
   }
 
   /// The job rank a timed_out() message names, or -1 (launchers follow chains of timeouts with

@@ -14,6 +14,7 @@
 // Plain data, no locks. Written only by the thread running the communicator's calls.
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -109,6 +110,27 @@ struct fast_clock {
 
 inline std::int64_t wall_ns() noexcept { return fast_clock::now(); }
 
+/// Where a rank is on a communicator, in memory its peers can read (transports that have such:
+/// inproc's group, shm's segment): its recorder writes it as every collective starts and ends,
+/// and a rank that times out reads its peers' to say where they are (the desync report,
+/// signature.hpp). Relaxed stores, read without a lock: a torn read can only misreport.
+struct alignas(64) position {
+  static constexpr std::uint64_t kNone = 0, kIn = 1, kDone = 2, kFailed = 3;
+  std::atomic<std::uint64_t> seq_state{0};  // seq << 2 | kIn, kDone or kFailed (0: no call yet)
+  std::atomic<std::int32_t> waiting_for{-1};
+  std::atomic<std::uint64_t> name[2] = {};  // the collective's name, 16 chars
+};
+
+/// Where the positions of a communicator's ranks lie: rank r's at base + r * stride.
+struct position_board {
+  position* base = nullptr;
+  std::size_t stride = sizeof(position);
+  int n = 0;
+  position* at(int r) const noexcept {
+    return reinterpret_cast<position*>(reinterpret_cast<std::byte*>(base) + std::size_t(r) * stride);
+  }
+};
+
 struct call_record {
   std::int64_t entered_ns = 0;  // when this rank entered the call
   std::atomic<std::int64_t> waited_live{0};  // blocked in all (read by a dump taken meanwhile)
@@ -123,9 +145,15 @@ struct call_record {
   int code = 0;  // the collx::errc it failed with (0: none recorded)
   std::string error;
   const char* policy = nullptr;  // the policy algo::automatic chose (its name), once it has
+  position* pos = nullptr;       // this rank's on the board, for a collective (else null)
 
+  void waiting(int peer) noexcept {
+    waiting_for.store(peer, std::memory_order_relaxed);
+    if (pos != nullptr) pos->waiting_for.store(peer, std::memory_order_relaxed);
+  }
   void add_wait(int peer, std::int64_t ns) noexcept {
     waiting_for.store(-1, std::memory_order_relaxed);
+    if (pos != nullptr) pos->waiting_for.store(-1, std::memory_order_relaxed);
     if (ns <= 0) return;
     waited_live.store(waited_live.load(std::memory_order_relaxed) + ns, std::memory_order_relaxed);
     if (peer < 0 || peer >= size) return;

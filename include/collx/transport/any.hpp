@@ -40,6 +40,8 @@ class any {
   /// The transport's own name ("inproc", "shm", ...).
   const char* kind() const noexcept { return p_->kind(); }
   bool takes_pieces() const noexcept { return p_->takes_pieces(); }
+  /// The held transport's position board (the desync report: detail/flight_record.hpp), or none.
+  detail::position_board positions() const noexcept { return p_->positions(); }
   split_offer prepare_split() { return p_->prepare_split(); }
   any split(const split_plan& p, split_offer&& o) const { return any(p_->split(p, std::move(o))); }
 
@@ -54,6 +56,7 @@ class any {
     virtual void leave() noexcept = 0;
     virtual const char* kind() const noexcept = 0;
     virtual bool takes_pieces() const noexcept = 0;
+    virtual detail::position_board positions() const noexcept = 0;
     virtual split_offer prepare_split() = 0;
     virtual std::unique_ptr<iface> split(const split_plan&, split_offer&&) const = 0;
   };
@@ -76,6 +79,10 @@ class any {
     }
     const char* kind() const noexcept override { return T::name; }
     bool takes_pieces() const noexcept override { return detail::takes_pieces(t); }
+    detail::position_board positions() const noexcept override {
+      if constexpr (requires { t.positions(); }) return t.positions();
+      else return {};
+    }
     split_offer prepare_split() override {
       if constexpr (requires { t.prepare_split(); }) return t.prepare_split();
       else throw error(errc::invalid_argument, std::string("transport ") + T::name + " cannot split");

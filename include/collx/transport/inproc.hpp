@@ -67,7 +67,9 @@ class inproc {
    public:
     explicit group(int n)
         : n_(n), cores_(detail::usable_cores()), channels_(std::size_t(n) * std::size_t(n)), bells_(std::size_t(n)),
-          state_(std::size_t(n)), why_(std::size_t(n)) {}
+          state_(std::size_t(n)), why_(std::size_t(n)), board_(std::size_t(n)) {}
+    /// Where each rank is (the desync report: detail/flight_record.hpp).
+    detail::position_board positions() noexcept { return {board_.data(), sizeof(detail::position), n_}; }
     int size() const noexcept { return n_; }
     /// The cores the job's threads may use (read when the group is made, before any is pinned).
     int cores() const noexcept { return cores_; }
@@ -160,6 +162,7 @@ class inproc {
     std::vector<std::atomic<int>> state_;
     mutable std::mutex mu_;
     std::vector<std::string> why_;
+    std::vector<detail::position> board_;
     std::atomic<int> first_failed_{-1};
     std::shared_ptr<void> ext_;  // extension()
     const void* ext_kind_ = nullptr;
@@ -188,6 +191,8 @@ class inproc {
   ~inproc() { leave(); }
 
   int rank() const noexcept { return rank_; }
+  /// Every rank's position (the desync report at a deadline: signature.hpp).
+  detail::position_board positions() const noexcept { return g_->positions(); }
   int size() const noexcept { return g_->size(); }
   /// The group this rank belongs to (what transports standing on inproc share: planned.hpp).
   const std::shared_ptr<group>& shared_group() const noexcept { return g_; }

@@ -144,6 +144,10 @@ class shm {
   ~shm() { release(); }
 
   int rank() const noexcept { return rank_; }
+  /// Every rank's position, in its rank_ctl (the desync report at a deadline: signature.hpp).
+  detail::position_board positions() const noexcept {
+    return base_ == nullptr ? detail::position_board{} : detail::position_board{&rc(0).pos, sizeof(shm_layout::rank_ctl), n_};
+  }
   int size() const noexcept { return n_; }
   /// Buffers spread over pieces (concepts.hpp) are read and written through deliver.hpp.
   bool takes_pieces() const noexcept { return true; }

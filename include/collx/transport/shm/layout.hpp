@@ -57,7 +57,7 @@ inline constexpr std::uint32_t kSigRing = 64;
 /// small buffer (data slots are numbered from 0).
 inline constexpr std::uint16_t kBufInline = 0xfffe, kBufRemote = 0xffff, kBufSmall = 0x8000;
 
-inline constexpr std::uint64_t kMagic = 0x636f6c6c782d7332ull;  // "collx-s2"
+inline constexpr std::uint64_t kMagic = 0x636f6c6c782d7333ull;  // "collx-s3"
 inline constexpr std::uint32_t kLive = 1, kLeft = 2, kFailed = 3;
 inline constexpr std::uint32_t kCreating = 0, kReady = 1, kReserveFailed = 2;
 
@@ -86,6 +86,7 @@ struct alignas(64) rank_ctl {
   char why[512];
   std::uint32_t sig_count;  // signatures published so far (only the rank writes it)
   call_signature sigs[kSigRing];
+  detail::position pos;  // where the rank is, for a peer's desync report (detail/flight_record.hpp)
 };
 
 /// One cache line per chunk: the receiver polls `seq` and finds the header and, for chunks of
