@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <string>
 #include <utility>
 #include <vector>
@@ -205,7 +206,17 @@ class communicator {
   };
   struct state {
     state(T x, options o) : t(std::move(x)), opts(o) {}
-    ~state() { queue.shutdown(); }  // outstanding calls finish before the transport goes
+    ~state() {
+      queue.shutdown();  // outstanding calls finish before the transport goes
+      // Gone because an error is leaving its scope (a call on another communicator of this
+      // rank failed, or the rank's own code threw): its peers learn that this rank failed,
+      // not that it left having made fewer calls (a transport that already failed ignores it).
+      if (std::uncaught_exceptions() > 0)
+        t.abort((id.is_job() ? std::string("the job's communicator") : "communicator " + id.name) +
+                " went with an error leaving its scope on " + id.rank_name(t.rank()) +
+                (detail::tl_last_error.empty() ? std::string(" (its own code threw)")
+                                               : ": its last failed call: " + detail::tl_last_error));
+    }
     /// The flight recorder and the debug output, as the communicator is made (`parent`: the
     /// name of the communicator it was split from, "" for the job's own).
     void bind_observers(const std::string& parent) {

@@ -145,6 +145,7 @@ void finalize_at(communicator<T>& comm, const located& x, std::size_t count) {
 /// A failure's message in the call's flight record (flight.hpp), if it has none yet: one that
 /// did not come through call_info::fail (a socket's, an allocation's).
 inline void note_failure(const call_info& call, const std::exception& e) {
+  note_last_error(e.what());
   if (call.rec == nullptr) return;
   const auto* ce = dynamic_cast<const error*>(&e);
   call.rec->set_error(ce != nullptr ? ce->code().value() : -1, e.what());

@@ -406,6 +406,7 @@ class flight_recorder {
     p.name[0].store(w[0], std::memory_order_relaxed);
     p.name[1].store(w[1], std::memory_order_relaxed);
     p.waiting_for.store(-1, std::memory_order_relaxed);
+    p.alive_ns.store(sig.entered_ns, std::memory_order_relaxed);
     p.seq_state.store(sig.seq << 2 | state, std::memory_order_relaxed);
   }
   int job_rank_locked() const noexcept { return id_ == nullptr ? rank_ : id_->job_rank(rank_); }

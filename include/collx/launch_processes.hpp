@@ -11,6 +11,7 @@
 // launcher at a time): a child of fork() has only the forking thread, and a lock another thread
 // held at that moment (the allocator's under ASan, whose runtime takes none around fork) is held
 // in the child for ever.
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
@@ -251,9 +252,19 @@ template <template <class> class Decorator, class F>
 void launch_processes(int n, F&& f, options opts = {}, transport::shm::config cfg = {}) {
   if (n < 1) throw error(errc::invalid_argument, "launch_processes: the rank count must be at least 1, got " + std::to_string(n));
   const std::string job = detail::unique_job_name();
-  struct unlink_at_end {  // in case a rank died before everyone attached
+  struct unlink_at_end {  // in case a rank died before everyone attached: the job's segment and its splits'
     std::string name;
-    ~unlink_at_end() { shm_unlink(name.c_str()); }
+    ~unlink_at_end() {
+      shm_unlink(name.c_str());
+      const std::string prefix = name.substr(1) + ".";  // a split's is named after its parent's
+      if (DIR* d = ::opendir("/dev/shm")) {
+        std::vector<std::string> found;
+        while (dirent* e = ::readdir(d))
+          if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0) found.push_back("/" + std::string(e->d_name));
+        ::closedir(d);
+        for (const std::string& f : found) shm_unlink(f.c_str());
+      }
+    }
   } cleanup{transport::shm::segment_name(job)};
   detail::launch_processes_with<Decorator>(
       n, job, [&](const std::string& j, int r) { return transport::shm(j, r, n, cfg); }, std::forward<F>(f), opts);

@@ -171,6 +171,7 @@ struct call_info {
   [[noreturn]] void fail(errc e, const std::string& what) const {
     std::string m = prefix() + " " + what;
     if (rec != nullptr) rec->set_error(int(e), m);
+    detail::note_last_error(m);
     throw error(e, std::move(m));
   }
 
@@ -205,6 +206,8 @@ struct call_info {
       std::vector<int> ranks, waits;
     };
     std::vector<place> places;
+    const std::int64_t now = detail::wall_ns();
+    std::vector<std::pair<int, std::int64_t>> silent;  // blocked in a call, yet no sign of life
     for (int r = 0; r < board.n; ++r) {
       const detail::position& p = *board.at(r);
       const std::uint64_t ss = p.seq_state.load(std::memory_order_relaxed);
@@ -218,7 +221,12 @@ struct call_info {
         if (q.seq_state == ss && q.name == name) at = &q;
       if (at == nullptr) at = &places.emplace_back(place{ss, name, {}, {}});
       at->ranks.push_back(r);
-      at->waits.push_back((ss & 3) == detail::position::kIn ? p.waiting_for.load(std::memory_order_relaxed) : -1);
+      const int wf = (ss & 3) == detail::position::kIn ? p.waiting_for.load(std::memory_order_relaxed) : -1;
+      at->waits.push_back(wf);
+      // A blocked wait shows life every sleep slice (50 ms): one silent for 4 of them is not
+      // running (stopped, or starved of a core).
+      const std::int64_t quiet = now - p.alive_ns.load(std::memory_order_relaxed);
+      if (wf >= 0 && r != rank && quiet > 4 * std::chrono::nanoseconds(detail::kSleepSlice).count()) silent.emplace_back(r, quiet);
     }
     std::sort(places.begin(), places.end(), [](const place& a, const place& b) { return a.seq_state < b.seq_state; });
     std::string o = "; where the ranks are:";
@@ -249,6 +257,9 @@ struct call_info {
           if (q.waits[i] >= 0) o += std::string(", ") + std::to_string(q.ranks[i]) + " waiting for " + std::to_string(q.waits[i]);
       }
     }
+    for (const auto& [r, quiet] : silent)
+      o += "; " + peer(r) + " shows no sign of life for " + detail::format_seconds(std::chrono::nanoseconds(quiet)) +
+           " (stopped, or not given a core)";
     return o;
   }
 
@@ -306,10 +317,14 @@ class timed_wait {
   timed_wait(const timed_wait&) = delete;
   timed_wait& operator=(const timed_wait&) = delete;
 
+  /// The wait blocks: its timing starts (once), and the rank's position says it is alive.
   void start() noexcept {
-    if (c_ == nullptr || t0_ != 0) return;
+    if (c_ == nullptr) return;
+    const std::int64_t now = wall_ns();
+    if (c_->rec->pos != nullptr) c_->rec->pos->alive_ns.store(now, std::memory_order_relaxed);
+    if (t0_ != 0) return;
     c_->waiting(peer_);
-    t0_ = wall_ns();
+    t0_ = now;
   }
   on_block hook() noexcept { return c_ == nullptr ? on_block{} : on_block{&start_fn, this}; }
 

@@ -119,6 +119,7 @@ struct alignas(64) position {
   std::atomic<std::uint64_t> seq_state{0};  // seq << 2 | kIn, kDone or kFailed (0: no call yet)
   std::atomic<std::int32_t> waiting_for{-1};
   std::atomic<std::uint64_t> name[2] = {};  // the collective's name, 16 chars
+  std::atomic<std::int64_t> alive_ns{0};    // its last sign of life (wall_ns): a call's start, a blocked wait's slices
 };
 
 /// Where the positions of a communicator's ranks lie: rank r's at base + r * stride.
@@ -176,6 +177,17 @@ struct call_record {
     error = what;
   }
 };
+
+/// The last error a collx call of this thread failed with: a communicator that goes while an
+/// error leaves its scope tells its peers this, the cause, when it fails them
+/// (communicator.hpp).
+inline thread_local std::string tl_last_error;
+inline void note_last_error(const std::string& what) noexcept {
+  try {
+    tl_last_error = what;
+  } catch (...) {
+  }
+}
 
 /// Closes a call's record when its call_info goes (flight.hpp fills it in): a function pointer,
 /// so that signature.hpp needs nothing of the recorder.

@@ -94,8 +94,10 @@ inline int usable_cores() noexcept {
 /// (transport::shm does); threads of one process share its mask.
 inline int spin_for(int ranks, int cores = usable_cores()) noexcept { return ranks > cores ? 8 : kSpinIterations; }
 
-/// Told when a wait stops spinning and starts to block (yield, then sleep): the flight recorder
-/// times waits from there (signature.hpp: timed_wait), so one that the spin ends costs nothing.
+/// Told when a wait stops spinning and starts to block (yield, then sleep), and again at every
+/// sleep slice while it blocks: the flight recorder times waits from the first (signature.hpp:
+/// timed_wait), so one that the spin ends costs nothing, and the slices are the rank's sign of
+/// life on its position board (a stopped process gives none).
 struct on_block {
   void (*fn)(void*) noexcept = nullptr;
   void* arg = nullptr;
@@ -124,6 +126,7 @@ wait_result wait_on(waitable& w, Done done, Check check, std::chrono::nanosecond
     check();
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) return done() ? wait_result::ready : wait_result::timed_out;
+    blocked();
     w.sleepers.fetch_add(1, std::memory_order_seq_cst);
     if (!done()) futex_wait(w.word, v, std::min<std::chrono::nanoseconds>(deadline - now, kSleepSlice), shared);
     w.sleepers.fetch_sub(1, std::memory_order_seq_cst);

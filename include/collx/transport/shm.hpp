@@ -469,7 +469,7 @@ class shm {
   /// rank failed and discards what it read (read_remote), so the caller may unwind either way.
   void abort(const std::string& why) noexcept {
     using namespace shm_layout;
-    if (base_ == nullptr || left_) return;
+    if (base_ == nullptr || left_ || aborted_) return;  // the first reason is the cause
     rank_ctl& m = me();
     aborted_ = true;
     std::snprintf(m.why, sizeof m.why, "%s", why.c_str());
