@@ -48,7 +48,7 @@ struct rank_report {
   std::atomic<int> calls;
   std::int64_t error_ns;
   int code;
-  char error[480];
+  char error[8192];  // whole: the faulty rank is named at the end of a chain of failures
 };
 struct trial_report {
   std::atomic<std::int64_t> fault_ns;  // when the victim faulted (0: it finished first)

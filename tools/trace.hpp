@@ -294,6 +294,11 @@ struct group {
 };
 
 struct job {
+  job() = default;
+  job(job&&) = default;  // groups point into dumps: a move keeps them, a copy would not
+  job& operator=(job&&) = default;
+  job(const job&) = delete;
+  job& operator=(const job&) = delete;
   std::vector<rank_dump> dumps;
   std::vector<group> groups;  // in the order first seen, the job's own first
   int world = 0;              // the job's size (the largest job rank seen + 1, or world's size)
@@ -407,7 +412,7 @@ inline std::vector<position_line> positions(const group& g) {
     place p;
     if (s != nullptr && (k == nullptr || s == &c->calls.back())) {
       p.seq = s->collective_call() ? s->seq : (k != nullptr ? k->seq : 0);
-      const int on = waits_on(*s);
+      const int on = waits_on(*s) < int(g.job_ranks.size()) ? waits_on(*s) : -1;  // (a dump may be damaged)
       p.what = "in " + call_name(*s) + ", " + s->state +
                (on >= 0 ? ", waiting for rank " + std::to_string(on) + " (job rank " + std::to_string(g.job_ranks[std::size_t(on)]) + ")" : "");
       if (s->state == "failed" && !s->error.empty()) p.what += ": " + s->error.substr(0, s->error.find('\n'));

@@ -184,7 +184,10 @@ class communicator {
 
   /// Makes a communicator over transport t that the split of this one created.
   communicator make_child(T t, comm_identity id) const {
-    communicator c(std::move(t), s_->opts);
+    // The identity is in place before the recorder is bound and registered: a dump on another
+    // thread may read it from then on.
+    communicator c;
+    c.s_ = std::make_unique<state>(std::move(t), s_->opts);
     c.s_->id = std::move(id);
     c.s_->bind_observers(s_->id.is_job() ? "world" : s_->id.name);
     return c;
@@ -205,13 +208,13 @@ class communicator {
     }
   };
   struct state {
-    state(T x, options o) : t(std::move(x)), opts(o) {}
+    state(T x, options o) : t(std::move(x)), opts(o), uncaught(std::uncaught_exceptions()) {}
     ~state() {
       queue.shutdown();  // outstanding calls finish before the transport goes
       // Gone because an error is leaving its scope (a call on another communicator of this
       // rank failed, or the rank's own code threw): its peers learn that this rank failed,
       // not that it left having made fewer calls (a transport that already failed ignores it).
-      if (std::uncaught_exceptions() > 0)
+      if (std::uncaught_exceptions() > uncaught)
         t.abort((id.is_job() ? std::string("the job's communicator") : "communicator " + id.name) +
                 " went with an error leaving its scope on " + id.rank_name(t.rank()) +
                 (detail::tl_last_error.empty() ? std::string(" (its own code threw)")
@@ -249,6 +252,7 @@ class communicator {
     }
     T t;
     options opts;
+    int uncaught;  // std::uncaught_exceptions() as it was made: more as it goes means an error is leaving
     std::uint64_t seq = 0;
     std::uint64_t empty = 0;
     std::uint32_t splits = 0;

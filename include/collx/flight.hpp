@@ -164,7 +164,7 @@ class flight_recorder {
     board_ = board;
     pos_ = board.base != nullptr && rank >= 0 && rank < board.n ? board.at(rank) : nullptr;
     dbg_ = dbg != nullptr && dbg->on(debug_level::warn) ? dbg : nullptr;
-    if (cap_ == 0 && dbg != nullptr && dbg->on(debug_level::trace)) cap_ = 1;  // TRACE prints the record's timings
+    if (cap() == 0 && dbg != nullptr && dbg->on(debug_level::trace)) cap_.store(1, std::memory_order_relaxed);  // TRACE prints the record's timings
     id_ = id;
     rank_ = rank;
     size_ = size;
@@ -172,10 +172,10 @@ class flight_recorder {
     cum_.waited_ns.assign(std::size_t(size > 0 ? size : 0), 0);
     cum_.late_ns.assign(std::size_t(size > 0 ? size : 0), 0);
   }
-  bool enabled() const noexcept { return cap_ != 0; }
+  bool enabled() const noexcept { return cap() != 0; }
   /// The position board of the communicator (empty when its transport has none).
   const position_board& board() const noexcept { return board_; }
-  std::size_t capacity() const noexcept { return cap_; }
+  std::size_t capacity() const noexcept { return cap(); }
   /// The job rank of this communicator's own rank (any thread may ask: a dump does).
   int job_rank() const {
     std::lock_guard g(mu_);
@@ -184,33 +184,37 @@ class flight_recorder {
 
   /// A call starts: its record, or nullptr when off (or nested too deep). Stamps sig.entered_ns.
   call_record* open(call_signature& sig, std::int64_t issued_ns) {
-    if (cap_ == 0 || depth_ == kDepth) return nullptr;
+    if (cap() == 0 || depth_ == kDepth) return nullptr;
     open_call& o = open_[depth_];
     if (o.w.size() != std::size_t(size_)) {
       o.w.assign(std::size_t(size_), 0);
       o.late.assign(std::size_t(size_), -1);
       o.touched.assign(std::size_t(size_), 0);
+      o.heard.assign(std::size_t(size_), 0);
+      o.late_blame.reserve(std::size_t(size_));  // close() must not allocate
     }
     call_record& r = o.rec;
     r.wait_by_peer = o.w.data();
     r.late_by_peer = o.late.data();
     r.touched = o.touched.data();
     r.n_touched = 0;
+    r.heard = o.heard.data();
+    r.n_heard = 0;
     r.size = size_;
     r.code = 0;
     r.error.clear();
     r.policy = nullptr;
     r.pos = sig.seq != 0 ? pos_ : nullptr;  // collectives only: point to point has no place in a sequence
-    if (r.pos != nullptr) publish(*r.pos, sig, position::kIn);
     r.waited_live.store(0, std::memory_order_relaxed);
     r.waiting_for.store(-1, std::memory_order_relaxed);
     r.entered_ns = wall_ns();
     sig.entered_ns = r.entered_ns;
     if (dbg_ != nullptr) o.sig = sig;
+    if (r.pos != nullptr) o.published = publish(*r.pos, sig, position::kIn);
     {
       std::lock_guard g(mu_);
+      flight_entry& e = slot(next_);  // (grows the ring first: a throw leaves it as it was)
       o.index = next_++;
-      flight_entry& e = slot(o.index);
       e.index = o.index;
       e.sig = sig;
       e.state = call_state::running;
@@ -237,10 +241,14 @@ class flight_recorder {
     call_record& r = o.rec;
     const std::int64_t end = wall_ns();
     if (r.pos != nullptr) {
-      r.pos->waiting_for.store(-1, std::memory_order_relaxed);
-      r.pos->seq_state.store((r.pos->seq_state.load(std::memory_order_relaxed) & ~std::uint64_t(3)) |
-                                 (failed ? position::kFailed : position::kDone),
-                             std::memory_order_relaxed);
+      // A nested call ending puts the call around it back on the board (still in it).
+      if (d > 0 && open_[d - 1].live && open_[d - 1].rec.pos != nullptr) {
+        put(*r.pos, open_[d - 1].published, end);
+      } else {
+        r.pos->waiting_for.store(-1, std::memory_order_relaxed);
+        r.pos->seq_state.store((o.published.seq_state & ~std::uint64_t(3)) | (failed ? position::kFailed : position::kDone),
+                               std::memory_order_relaxed);
+      }
     }
     // The peers waited on longest, and what each one's late entry explains.
     std::array<peer_wait, flight_entry::kPeers> top{};
@@ -270,7 +278,7 @@ class flight_recorder {
       }
       ++cum_.calls;
       cum_.busy_ns += end - r.entered_ns;
-      if (next_ - o.index <= cap_) {  // not overwritten by later calls (nested ones)
+      if (next_ - o.index <= cap()) {  // not overwritten by later calls (nested ones)
         flight_entry& e = slot(o.index);
         e.state = failed ? call_state::failed : call_state::done;
         if (r.policy != nullptr) set_name(e.sig.policy, r.policy);
@@ -285,11 +293,10 @@ class flight_recorder {
       dump = failed && dump_on_error_;
       job = job_rank_locked();
     }
-    for (int i = 0; i < r.n_touched; ++i) {
-      o.w[std::size_t(r.touched[i])] = 0;
-      o.late[std::size_t(r.touched[i])] = -1;
-    }
+    for (int i = 0; i < r.n_touched; ++i) o.w[std::size_t(r.touched[i])] = 0;
+    for (int i = 0; i < r.n_heard; ++i) o.late[std::size_t(r.heard[i])] = -1;
     r.n_touched = 0;
+    r.n_heard = 0;
     o.late_blame.clear();
     if (d == depth_ - 1) {
       --depth_;
@@ -305,7 +312,7 @@ class flight_recorder {
   std::vector<flight_entry> entries() const {
     std::lock_guard g(mu_);
     std::vector<flight_entry> v;
-    const std::uint64_t first = next_ > cap_ ? next_ - cap_ : 0;
+    const std::uint64_t first = next_ > cap() ? next_ - cap() : 0;
     for (std::uint64_t i = first; i < next_; ++i) v.push_back(snapshot(i));
     return v;
   }
@@ -323,13 +330,13 @@ class flight_recorder {
     json_string(o, transport_ == nullptr ? "" : transport_);
     o += ",\"rank\":" + std::to_string(rank_) + ",\"size\":" + std::to_string(size_) + ",\"job_ranks\":[";
     for (int r = 0; r < size_; ++r) o += (r ? "," : "") + std::to_string(id_ == nullptr ? r : id_->job_rank(r));
-    o += "],\"calls_total\":" + std::to_string(next_) + ",\"capacity\":" + std::to_string(cap_);
+    o += "],\"calls_total\":" + std::to_string(next_) + ",\"capacity\":" + std::to_string(cap());
     o += ",\"waits\":{\"calls\":" + std::to_string(cum_.calls) + ",\"busy_ns\":" + std::to_string(cum_.busy_ns) + ",\"waited_ns\":[";
     for (std::size_t p = 0; p < cum_.waited_ns.size(); ++p) o += (p ? "," : "") + std::to_string(cum_.waited_ns[p]);
     o += "],\"late_ns\":[";
     for (std::size_t p = 0; p < cum_.late_ns.size(); ++p) o += (p ? "," : "") + std::to_string(cum_.late_ns[p]);
     o += "]},\"calls\":[";
-    const std::uint64_t first = next_ > cap_ ? next_ - cap_ : 0;
+    const std::uint64_t first = next_ > cap() ? next_ - cap() : 0;
     for (std::uint64_t i = first; i < next_; ++i) {
       const flight_entry e = snapshot(i);
       if (i != first) o += ",";
@@ -369,10 +376,11 @@ class flight_recorder {
   struct open_call {
     call_record rec;
     std::vector<std::int64_t> w, late;
-    std::vector<int> touched;
+    std::vector<int> touched, heard;
     std::vector<std::int64_t> late_blame;  // per touched peer, filled at close
     std::uint64_t index = 0;
     call_signature sig;  // kept only for debug lines (dbg_)
+    position_words published;  // what open() put on the board: put back when a nested call ends
     bool live = false;  // guarded by mu_
     void touched_late(int, std::int64_t late) { late_blame.push_back(late); }
   };
@@ -399,25 +407,30 @@ class flight_recorder {
     } catch (...) {
     }
   }
-  static void publish(position& p, const call_signature& sig, std::uint64_t state) noexcept {
-    std::uint64_t w[2];
-    static_assert(sizeof sig.collective == sizeof w);
-    std::memcpy(w, sig.collective, sizeof w);
-    p.name[0].store(w[0], std::memory_order_relaxed);
-    p.name[1].store(w[1], std::memory_order_relaxed);
+  static position_words publish(position& p, const call_signature& sig, std::uint64_t state) noexcept {
+    position_words w;
+    static_assert(sizeof sig.collective == sizeof w.name);
+    std::memcpy(w.name, sig.collective, sizeof w.name);
+    w.seq_state = sig.seq << 2 | state;
+    put(p, w, sig.entered_ns);
+    return w;
+  }
+  static void put(position& p, const position_words& w, std::int64_t alive) noexcept {
+    p.name[0].store(w.name[0], std::memory_order_relaxed);
+    p.name[1].store(w.name[1], std::memory_order_relaxed);
     p.waiting_for.store(-1, std::memory_order_relaxed);
-    p.alive_ns.store(sig.entered_ns, std::memory_order_relaxed);
-    p.seq_state.store(sig.seq << 2 | state, std::memory_order_relaxed);
+    p.alive_ns.store(alive, std::memory_order_relaxed);
+    p.seq_state.store(w.seq_state, std::memory_order_relaxed);
   }
   int job_rank_locked() const noexcept { return id_ == nullptr ? rank_ : id_->job_rank(rank_); }
   flight_entry& slot(std::uint64_t i) {
-    const std::size_t k = std::size_t(i % cap_);
+    const std::size_t k = std::size_t(i % cap());
     if (ring_.size() <= k) ring_.resize(k + 1);
     return ring_[k];
   }
   /// Entry i under mu_, with a running call's live wait state.
   flight_entry snapshot(std::uint64_t i) const {
-    flight_entry e = ring_[std::size_t(i % cap_)];
+    flight_entry e = ring_[std::size_t(i % cap())];
     if (e.state == call_state::running)
       for (int d = 0; d < kDepth; ++d)
         if (open_[d].live && open_[d].index == i) {
@@ -427,7 +440,8 @@ class flight_recorder {
     return e;
   }
 
-  std::size_t cap_;  // set before the first call (bind)
+  std::atomic<std::size_t> cap_;  // set before the first call (bind); a dump may read it meanwhile
+  std::size_t cap() const noexcept { return cap_.load(std::memory_order_relaxed); }
   position_board board_;      // the communicator's, where its transport has one
   position* pos_ = nullptr;   // this rank's on it
   const debug_log* dbg_ = nullptr;  // the communicator's, when it prints WARN or more

@@ -48,6 +48,15 @@ void set_name(char (&dst)[N], std::string_view s) {
   std::memcpy(dst, s.data(), s.size());
 }
 
+/// `s` in at most `max` bytes: whole, or its head (what failed here) and its tail, since a chain
+/// of failures ("lost rank 1: it failed: ... lost rank 5: it died") ends with the cause.
+inline std::string head_and_tail(const std::string& s, std::size_t max) {
+  if (s.size() <= max) return s;
+  if (max < 16) return s.substr(0, max);
+  const std::size_t head = max / 4;
+  return s.substr(0, head) + " ... " + s.substr(s.size() - (max - head - 5));
+}
+
 inline std::string format_seconds(std::chrono::nanoseconds d) {
   const double s = std::chrono::duration<double>(d).count();
   char b[32];
@@ -153,7 +162,7 @@ struct call_info {
     if (rec != nullptr) rec->add_wait(peer, d.count());
   }
   void heard(int peer, const call_signature& theirs) const noexcept {
-    if (rec != nullptr) rec->heard(peer, theirs.entered_ns);
+    if (rec != nullptr) rec->note_heard(peer, theirs.entered_ns);
   }
 
   /// "all_reduce #42 (ring): rank 3", or on a split communicator

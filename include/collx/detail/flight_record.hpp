@@ -40,16 +40,36 @@ inline std::int64_t system_wall_ns() noexcept {
 /// agree). A call reads it twice, and a blocking wait twice more, so on x86-64 it counts the
 /// time stamp counter (~10 ns a read here, against clock_gettime's ~25) where the kernel keeps
 /// time by it too (its clocksource is "tsc": the counter is invariant and in step across
-/// cores): the counter's rate is measured against clock_gettime from the first read onwards,
-/// and each thread re-anchors on clock_gettime every ~50 ms, so a reading stays within a few
-/// microseconds of clock_gettime's at first and within nanoseconds once the process has run for
-/// seconds (a thread's readings never go back). Its first 10 ms, and other machines, read
-/// clock_gettime.
+/// cores). One anchor for the whole process (a counter reading and the wall clock read between
+/// two of them, so a preemption between the two does not skew it), so every thread converts
+/// alike; the counter's rate is measured against the wall clock from the first anchor on, and
+/// the anchor is taken again every ~50 ms by whichever thread finds it stale. A thread's
+/// readings never go back. Its first 10 ms, and other machines, read clock_gettime.
 struct fast_clock {
+  struct sample_t {
+    std::uint64_t tsc = 0;
+    std::int64_t wall = 0;
+  };
+#if defined(__x86_64__)
+  /// clock_gettime between two counter reads, kept when they lie close (no preemption between).
+  static sample_t sample() noexcept {
+    sample_t best;
+    std::uint64_t gap = ~std::uint64_t(0);
+    for (int i = 0; i < 8 && gap > 20000; ++i) {  // 20000 ticks: a few microseconds
+      const std::uint64_t a = __rdtsc();
+      const std::int64_t w = system_wall_ns();
+      const std::uint64_t b = __rdtsc();
+      if (b - a < gap) {
+        gap = b - a;
+        best = {a + (b - a) / 2, w};
+      }
+    }
+    return best;
+  }
+#endif
   struct origin_t {
     bool usable = false;
-    std::uint64_t tsc0 = 0;
-    std::int64_t wall0 = 0;
+    sample_t at;
   };
   static const origin_t& origin() noexcept {
     static const origin_t o = [] {
@@ -60,47 +80,61 @@ struct fast_clock {
         x.usable = std::fgets(b, sizeof b, f) != nullptr && std::strncmp(b, "tsc", 3) == 0;
         std::fclose(f);
       }
-      x.tsc0 = __rdtsc();
-      x.wall0 = system_wall_ns();
+      x.at = sample();
 #endif
       return x;
     }();
     return o;
   }
-  static std::atomic<double>& rate() noexcept {  // ns per tick (0: not measured yet)
-    static std::atomic<double> r{0.0};
-    return r;
-  }
+  /// The process's anchor, behind a sequence lock (odd while one thread renews it).
   struct anchor_t {
-    std::uint64_t tsc = 0;
-    std::int64_t wall = 0;
-    double ns_per_tick = 0;
-    std::uint64_t refresh = 0;  // ticks after which to re-anchor
-    std::int64_t last = 0;      // the last reading: a thread's readings never go back
+    std::atomic<std::uint32_t> seq{0};
+    std::atomic<std::uint64_t> tsc{0}, until{0};
+    std::atomic<std::int64_t> wall{0};
+    std::atomic<double> ns_per_tick{0.0};
   };
+  static anchor_t& anchor() noexcept {
+    static anchor_t a;
+    return a;
+  }
   static std::int64_t now() noexcept {
 #if defined(__x86_64__)
-    static thread_local anchor_t a;
+    static thread_local std::int64_t last = 0;
     const std::uint64_t t = __rdtsc();
-    std::int64_t v;
-    if (a.ns_per_tick != 0 && t - a.tsc < a.refresh) {
-      v = a.wall + std::int64_t(double(t - a.tsc) * a.ns_per_tick);
-    } else {
-      v = system_wall_ns();
-      const origin_t& o = origin();
-      if (!o.usable) return v;
-      if (v - o.wall0 >= 10'000'000 && t > o.tsc0) {  // long enough a baseline to measure the rate on
-        const double r = double(v - o.wall0) / double(t - o.tsc0);
-        rate().store(r, std::memory_order_relaxed);
-        a.tsc = t;
-        a.wall = v;
-        a.ns_per_tick = r;
-        a.refresh = std::uint64_t(50e6 / r);
+    anchor_t& a = anchor();
+    std::int64_t v = 0;
+    bool have = false;
+    const std::uint32_t s1 = a.seq.load(std::memory_order_acquire);
+    if ((s1 & 1) == 0) {
+      const std::uint64_t tsc = a.tsc.load(std::memory_order_relaxed), until = a.until.load(std::memory_order_relaxed);
+      const std::int64_t wall = a.wall.load(std::memory_order_relaxed);
+      const double npt = a.ns_per_tick.load(std::memory_order_relaxed);
+      std::atomic_thread_fence(std::memory_order_acquire);
+      if (a.seq.load(std::memory_order_relaxed) == s1 && npt != 0 && t < until) {
+        v = wall + std::int64_t(double(std::int64_t(t - tsc)) * npt);
+        have = true;
       }
     }
-    // A re-anchored reading may fall a little behind the extrapolated one before it.
-    if (v < a.last) v = a.last;
-    a.last = v;
+    if (!have) {
+      v = system_wall_ns();
+      const origin_t& o = origin();
+      std::uint32_t even = s1 & ~1u;
+      if (o.usable && v - o.at.wall >= 10'000'000 && a.seq.compare_exchange_strong(even, even + 1, std::memory_order_acquire)) {
+        std::atomic_thread_fence(std::memory_order_release);  // the odd count before the fields (seqlock)
+        const sample_t now = sample();  // long enough a baseline since the origin to measure the rate on
+        if (now.tsc > o.at.tsc) {
+          const double r = double(now.wall - o.at.wall) / double(now.tsc - o.at.tsc);
+          a.tsc.store(now.tsc, std::memory_order_relaxed);
+          a.wall.store(now.wall, std::memory_order_relaxed);
+          a.ns_per_tick.store(r, std::memory_order_relaxed);
+          a.until.store(now.tsc + std::uint64_t(50e6 / r), std::memory_order_relaxed);
+        }
+        a.seq.store(even + 2, std::memory_order_release);
+      }
+    }
+    // A renewed anchor may put a reading a little behind the one before it.
+    if (v < last) v = last;
+    last = v;
     return v;
 #else
     return system_wall_ns();
@@ -120,6 +154,12 @@ struct alignas(64) position {
   std::atomic<std::int32_t> waiting_for{-1};
   std::atomic<std::uint64_t> name[2] = {};  // the collective's name, 16 chars
   std::atomic<std::int64_t> alive_ns{0};    // its last sign of life (wall_ns): a call's start, a blocked wait's slices
+};
+
+/// What a recorder put on its rank's position (to put it back when a nested call ends).
+struct position_words {
+  std::uint64_t seq_state = 0;
+  std::uint64_t name[2] = {};
 };
 
 /// Where the positions of a communicator's ranks lie: rank r's at base + r * stride.
@@ -142,6 +182,8 @@ struct call_record {
   std::int64_t* late_by_peer = nullptr;
   int* touched = nullptr;
   int n_touched = 0;
+  int* heard = nullptr;  // the peers whose entry is known (late_by_peer set), to reset at the end
+  int n_heard = 0;
   int size = 0;
   int code = 0;  // the collx::errc it failed with (0: none recorded)
   std::string error;
@@ -161,10 +203,13 @@ struct call_record {
     if (wait_by_peer[peer] == 0) touched[n_touched++] = peer;
     wait_by_peer[peer] += ns;
   }
-  /// A message from `peer`, which entered the call at `their_entered_ns`.
-  void heard(int peer, std::int64_t their_entered_ns) noexcept {
-    if (peer < 0 || peer >= size || wait_by_peer[peer] == 0 || late_by_peer[peer] >= 0 || their_entered_ns == 0) return;
+  /// A message from `peer`, which entered the call at `their_entered_ns`. Kept whether or not
+  /// this rank has waited on it yet: tcp hears the message that ends a wait before it counts the
+  /// wait. Only the peers waited on are blamed (flight.hpp, close).
+  void note_heard(int peer, std::int64_t their_entered_ns) noexcept {
+    if (peer < 0 || peer >= size || late_by_peer[peer] >= 0 || their_entered_ns == 0) return;
     late_by_peer[peer] = their_entered_ns > entered_ns ? their_entered_ns - entered_ns : 0;
+    heard[n_heard++] = peer;
   }
   /// Whether a message from `peer` should be looked at for its entry time (a transport that
   /// does not read every message's signature asks first).

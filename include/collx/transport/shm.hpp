@@ -472,7 +472,7 @@ class shm {
     if (base_ == nullptr || left_ || aborted_) return;  // the first reason is the cause
     rank_ctl& m = me();
     aborted_ = true;
-    std::snprintf(m.why, sizeof m.why, "%s", why.c_str());
+    std::snprintf(m.why, sizeof m.why, "%s", detail::head_and_tail(why, sizeof m.why - 1).c_str());
     m.state.store(kFailed, std::memory_order_seq_cst);
     std::int32_t none = -1;
     hdr().first_failed.compare_exchange_strong(none, rank_);

@@ -433,7 +433,7 @@ class streams {
     if (dead_) return;
     dead_ = true;
     dead_why_ = why;
-    const std::string reason = why.substr(0, tcp_wire::kMaxAbortReason);
+    const std::string reason = detail::head_and_tail(why, tcp_wire::kMaxAbortReason);
     const auto until = net::clock::now() + std::chrono::milliseconds(100);  // for all peers together
     for (peer& p : peers_)
       if (p.s && !p.mid_send) send_frame(p, tcp_wire::msg_kind::abort, reason, until);
@@ -495,8 +495,22 @@ class streams {
     (void)net::write_all(p.s.get(), b.data(), b.size(), until);
   }
 
+  /// Closes every connection after its last frame: a FIN after what was sent, and what peers
+  /// sent that nobody will take read away first. A socket closed with unread data sends a reset
+  /// instead, which can reach the peer before the abort frame and lose it ("connection reset
+  /// by peer" in place of why this rank failed: the chaos run saw it).
   void close_all() noexcept {
-    for (peer& p : peers_) p.s.reset();
+    char sink[4096];
+    for (peer& p : peers_) {
+      if (!p.s) continue;
+      ::shutdown(p.s.get(), SHUT_WR);
+      for (int k = 0; k < 1024; ++k) {  // what is there now, at most 4 MiB: no waiting
+        const ssize_t r = ::recv(p.s.get(), sink, sizeof sink, MSG_DONTWAIT);
+        if (r > 0 || (r < 0 && errno == EINTR)) continue;
+        break;
+      }
+      p.s.reset();
+    }
   }
 
   /// Reads the next frame header from peer q if there is none held; true when one is held. A
