@@ -327,19 +327,7 @@ inline job assemble(std::vector<rank_dump> dumps) {
 
 // ---- findings -------------------------------------------------------------------------------
 
-inline std::string ranks_text(std::vector<int> v) {  // "0-2, 4, 6-7"
-  std::sort(v.begin(), v.end());
-  std::string s;
-  for (std::size_t i = 0; i < v.size();) {
-    std::size_t k = i;
-    while (k + 1 < v.size() && v[k + 1] == v[k] + 1) ++k;
-    if (!s.empty()) s += ", ";
-    s += std::to_string(v[i]);
-    if (k > i) s += (k == i + 1 ? ", " : "-") + std::to_string(v[k]);
-    i = k + 1;
-  }
-  return s;
-}
+inline std::string ranks_text(std::vector<int> v) { return collx::detail::rank_ranges(std::move(v)); }  // "0-2, 4, 6-7"
 inline std::string plural_ranks(const std::vector<int>& v) { return (v.size() == 1 ? "rank " : "ranks ") + ranks_text(v); }
 
 inline std::string duration(long long ns) {

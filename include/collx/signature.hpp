@@ -57,6 +57,21 @@ inline std::string head_and_tail(const std::string& s, std::size_t max) {
   return s.substr(0, head) + " ... " + s.substr(s.size() - (max - head - 5));
 }
 
+/// Ranks as ranges, in order: "0-2, 4, 6-7" (the desync report and collx-trace write them so).
+inline std::string rank_ranges(std::vector<int> v) {
+  std::sort(v.begin(), v.end());
+  std::string s;
+  for (std::size_t i = 0; i < v.size();) {
+    std::size_t k = i;
+    while (k + 1 < v.size() && v[k + 1] == v[k] + 1) ++k;
+    if (!s.empty()) s += ", ";
+    s += std::to_string(v[i]);
+    if (k > i) s += (k == i + 1 ? ", " : "-") + std::to_string(v[k]);
+    i = k + 1;
+  }
+  return s;
+}
+
 inline std::string format_seconds(std::chrono::nanoseconds d) {
   const double s = std::chrono::duration<double>(d).count();
   char b[32];
@@ -151,13 +166,14 @@ struct call_info {
   detail::call_record* rec = nullptr;
   detail::record_mark mark;
 
+  /// The communicator's position board (flight_record.hpp), where its transport has one.
+  detail::position_board board;
+
   /// Transports say where their waits go: waiting(p) before a blocking wait on peer p,
   /// waited(p, ns) after it, heard(p, sig) for each message taken from p.
   void waiting(int peer) const noexcept {
     if (rec != nullptr) rec->waiting(peer);
   }
-  /// The communicator's position board (flight_record.hpp), where its transport has one.
-  detail::position_board board;
   void waited(int peer, std::chrono::nanoseconds d) const noexcept {
     if (rec != nullptr) rec->add_wait(peer, d.count());
   }
@@ -241,14 +257,7 @@ struct call_info {
     std::string o = "; where the ranks are:";
     for (std::size_t k = 0; k < places.size(); ++k) {
       const place& q = places[k];
-      std::string who = q.ranks.size() == 1 ? peer(q.ranks.front()) : std::string();
-      for (std::size_t i = 0; q.ranks.size() > 1 && i < q.ranks.size();) {  // "0-2, 4, 6-7"
-        std::size_t k = i;
-        while (k + 1 < q.ranks.size() && q.ranks[k + 1] == q.ranks[k] + 1) ++k;
-        who += (i ? ", " : "") + std::to_string(q.ranks[i]) + (k > i + 1 ? "-" + std::to_string(q.ranks[k]) : "");
-        if (k == i + 1) who += ", " + std::to_string(q.ranks[k]);
-        i = k + 1;
-      }
+      const std::string who = q.ranks.size() == 1 ? peer(q.ranks.front()) : detail::rank_ranges(q.ranks);
       o += std::string(k ? ";" : "") + " " + (q.ranks.size() == 1 ? who : "ranks " + who) + (q.ranks.size() == 1 ? " is " : " are ");
       const std::string call = q.name + " #" + std::to_string(q.seq_state >> 2);
       switch (q.seq_state & 3) {
