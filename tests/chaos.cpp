@@ -3,7 +3,9 @@
 // rank is killed (SIGKILL) or stopped (SIGSTOP) at a random moment. Reports trials, hangs (must
 // be 0), wrong results (must be 0), survivors whose error does not name the killed rank (must
 // be 0), segments left in /dev/shm (must be 0), and the worst time from the fault to a
-// survivor's error. A stopped rank is named where its peers see it silent in the call (the
+// survivor's error. Then each survivor shrinks the job's communicator (communicator::shrink)
+// and makes more random calls among the survivors: shrinks that fail, survivors that disagree
+// on who is left, and wrong results after it must be 0 too. A stopped rank is named where its peers see it silent in the call (the
 // desync report over shm); a rank that waits on one that waits on the stopped rank, or that
 // stopped between calls, names the rank it waited for: counted, not required.
 //
@@ -13,10 +15,10 @@
 // so a trial that hangs is seen from outside and killed whole: the run never hangs itself.
 // The victim faults itself: a thread it starts fires at a random moment, mid-call or between
 // calls (a parent thread could not: launch_processes forks from a single-threaded process).
-// A stopped rank never answers; its peers time out (COLLX_TIMEOUT_S, 1 s here) and
-// launch_processes kills it once they have reported.
+// A stopped rank never answers; its peers time out (COLLX_TIMEOUT_S, 1 s here), shrink
+// without it once their shrink's deadline (the same) has passed, and then kill it (as the job's
+// launcher would), or launch_processes does once one of them has failed.
 // Exit status 0 when every count that must be 0 is; 1 otherwise; 2 for bad flags.
-#include <dirent.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -34,6 +36,8 @@
 
 #include <collx/collx.hpp>
 
+#include "leaks.hpp"
+
 namespace {
 
 using comm_t = collx::communicator<collx::transport::any>;
@@ -41,6 +45,7 @@ using namespace std::chrono_literals;
 
 constexpr int kMaxRanks = 8;
 constexpr int kOps = 400;  // a trial's calls, more than the fault lets most ranks make
+constexpr int kAfterOps = 40;  // the survivors' calls after they shrink
 
 struct rank_report {
   std::atomic<int> state;  // 0 running, 1 finished every call, 2 failed
@@ -49,9 +54,18 @@ struct rank_report {
   std::int64_t error_ns;
   int code;
   char error[8192];  // whole: the faulty rank is named at the end of a chain of failures
+  // After its failure a survivor shrinks the job's communicator and makes kAfterOps more calls
+  // among the survivors.
+  std::atomic<int> shrunk;  // 0 not tried, 1 shrank and made every call, 2 failed (shrink_error)
+  int shrunk_size;
+  std::int64_t shrunk_ns;
+  std::atomic<int> after_wrong;
+  std::atomic<int> after_calls;
+  char shrink_error[2048];
 };
 struct trial_report {
   std::atomic<std::int64_t> fault_ns;  // when the victim faulted (0: it finished first)
+  std::atomic<int> victim_pid;
   rank_report rank[kMaxRanks];
 };
 
@@ -69,82 +83,114 @@ struct plan {
 /// Element i of rank r's input to call k: small integers, so every sum is exact.
 float input(int r, int k, std::size_t i) { return float((r * 7 + int(i % 1000) * 3 + k) % 13); }
 
-/// The workload: the same random sequence on every rank (seeded by the plan), each call's result
-/// checked against a serial reference computed from the inputs.
-void workload(comm_t& world, const plan& p, trial_report& rep) {
+/// One call of kind `kind` (0 all_reduce, 1 broadcast, 2 all_gather, 3 reduce_scatter, 4
+/// all_to_all, else barrier) of `count` elements on c, its k-th; returns the elements that differ
+/// from the serial reference. `rng` (the same on every rank) picks a broadcast's root.
+int checked_call(comm_t& c, int kind, std::size_t count, int k, std::mt19937_64& rng) {
+  const int cn = c.size(), cr = c.rank();
+  auto job = [&](int q) { return c.job_rank(q); };
+  int bad = 0;
+  switch (kind) {
+    case 0: {  // all_reduce
+      std::vector<float> v(count);
+      for (std::size_t i = 0; i < count; ++i) v[i] = input(job(cr), k, i);
+      collx::all_reduce(c, std::span(v), collx::ops::sum{}, collx::algo::automatic{});
+      for (std::size_t i = 0; i < count; ++i) {
+        float want = 0;
+        for (int q = 0; q < cn; ++q) want += input(job(q), k, i);
+        bad += v[i] != want;
+      }
+      break;
+    }
+    case 1: {  // broadcast
+      const int root = int(rng() % std::uint64_t(cn));
+      std::vector<float> v(count, -1.0f);
+      if (cr == root)
+        for (std::size_t i = 0; i < count; ++i) v[i] = input(job(root), k, i);
+      collx::broadcast(c, std::span(v), root, collx::algo::automatic{});
+      for (std::size_t i = 0; i < count; ++i) bad += v[i] != input(job(root), k, i);
+      break;
+    }
+    case 2: {  // all_gather
+      std::vector<float> in(count), out(count * std::size_t(cn));
+      for (std::size_t i = 0; i < count; ++i) in[i] = input(job(cr), k, i);
+      collx::all_gather(c, std::span<const float>(in), std::span(out), collx::algo::automatic{});
+      for (int q = 0; q < cn; ++q)
+        for (std::size_t i = 0; i < count; ++i) bad += out[std::size_t(q) * count + i] != input(job(q), k, i);
+      break;
+    }
+    case 3: {  // reduce_scatter
+      std::vector<float> in(count * std::size_t(cn)), out(count);
+      for (std::size_t i = 0; i < in.size(); ++i) in[i] = input(job(cr), k, i);
+      collx::reduce_scatter(c, std::span<const float>(in), std::span(out), collx::ops::sum{}, collx::algo::automatic{});
+      for (std::size_t i = 0; i < count; ++i) {
+        float want = 0;
+        for (int q = 0; q < cn; ++q) want += input(job(q), k, std::size_t(cr) * count + i);
+        bad += out[i] != want;
+      }
+      break;
+    }
+    case 4: {  // all_to_all: block d of rank s's input goes to rank d
+      std::vector<float> in(count * std::size_t(cn)), out(count * std::size_t(cn));
+      for (std::size_t i = 0; i < in.size(); ++i) in[i] = input(job(cr), k, i);
+      collx::all_to_all(c, std::span<const float>(in), std::span(out), collx::algo::pairwise{});
+      for (int s = 0; s < cn; ++s)
+        for (std::size_t i = 0; i < count; ++i)
+          bad += out[std::size_t(s) * count + i] != input(job(s), k, std::size_t(cr) * count + i);
+      break;
+    }
+    default: collx::barrier(c); break;
+  }
+  return bad;
+}
+
+constexpr std::size_t kSizes[] = {0, 1, 2, 7, 64, 1000, 4099, 65537};
+
+/// `ops` random calls on `world` and on a half of it split from it (ranks 0, 2, 4, ... and 1,
+/// 3, 5, ... of world): the same sequence on every rank (seeded by `seed`), each call checked.
+void random_calls(comm_t& world, std::uint64_t seed, int ops, std::atomic<int>& wrong, std::atomic<int>& calls) {
   const int me = world.rank(), n = world.size();
-  rank_report& mine = rep.rank[me];
-  if (me == p.victim) {
+  comm_t half = world.split(me % 2, me, "half");
+  std::mt19937_64 rng(seed);
+  for (int k = 0; k < ops; ++k) {
+    const int kind = int(rng() % 6);
+    const std::size_t count = kSizes[rng() % std::size(kSizes)];
+    const bool on_half = rng() % 3 == 0 && n >= 2;
+    const int bad = checked_call(on_half ? half : world, kind, count, k, rng);
+    if (bad != 0) wrong.fetch_add(bad);
+    calls.fetch_add(1);
+  }
+}
+
+/// The workload: the victim arms its fault, then every rank makes the trial's calls.
+void workload(comm_t& world, const plan& p, trial_report& rep) {
+  if (world.rank() == p.victim) {
+    rep.victim_pid.store(::getpid());
     std::thread([&rep, p] {
       std::this_thread::sleep_for(std::chrono::milliseconds(p.delay_ms));
       rep.fault_ns.store(now_ns());
       ::kill(::getpid(), p.stop ? SIGSTOP : SIGKILL);
     }).detach();
   }
-  comm_t half = world.split(me % 2, me, "half");  // ranks 0, 2, 4, ... and 1, 3, 5, ...
-  std::mt19937_64 rng(p.seed);
-  const std::size_t sizes[] = {0, 1, 2, 7, 64, 1000, 4099, 65537};
-  for (int k = 0; k < kOps; ++k) {
-    const int kind = int(rng() % 6);
-    const std::size_t count = sizes[rng() % std::size(sizes)];
-    const bool on_half = rng() % 3 == 0 && n >= 2;
-    comm_t& c = on_half ? half : world;
-    const int cn = c.size(), cr = c.rank();
-    auto job = [&](int q) { return c.job_rank(q); };
-    int bad = 0;
-    switch (kind) {
-      case 0: {  // all_reduce
-        std::vector<float> v(count);
-        for (std::size_t i = 0; i < count; ++i) v[i] = input(job(cr), k, i);
-        collx::all_reduce(c, std::span(v), collx::ops::sum{}, collx::algo::automatic{});
-        for (std::size_t i = 0; i < count; ++i) {
-          float want = 0;
-          for (int q = 0; q < cn; ++q) want += input(job(q), k, i);
-          bad += v[i] != want;
-        }
-        break;
-      }
-      case 1: {  // broadcast
-        const int root = int(rng() % std::uint64_t(cn));
-        std::vector<float> v(count, -1.0f);
-        if (cr == root)
-          for (std::size_t i = 0; i < count; ++i) v[i] = input(job(root), k, i);
-        collx::broadcast(c, std::span(v), root, collx::algo::automatic{});
-        for (std::size_t i = 0; i < count; ++i) bad += v[i] != input(job(root), k, i);
-        break;
-      }
-      case 2: {  // all_gather
-        std::vector<float> in(count), out(count * std::size_t(cn));
-        for (std::size_t i = 0; i < count; ++i) in[i] = input(job(cr), k, i);
-        collx::all_gather(c, std::span<const float>(in), std::span(out), collx::algo::automatic{});
-        for (int q = 0; q < cn; ++q)
-          for (std::size_t i = 0; i < count; ++i) bad += out[std::size_t(q) * count + i] != input(job(q), k, i);
-        break;
-      }
-      case 3: {  // reduce_scatter
-        std::vector<float> in(count * std::size_t(cn)), out(count);
-        for (std::size_t i = 0; i < in.size(); ++i) in[i] = input(job(cr), k, i);
-        collx::reduce_scatter(c, std::span<const float>(in), std::span(out), collx::ops::sum{}, collx::algo::automatic{});
-        for (std::size_t i = 0; i < count; ++i) {
-          float want = 0;
-          for (int q = 0; q < cn; ++q) want += input(job(q), k, std::size_t(cr) * count + i);
-          bad += out[i] != want;
-        }
-        break;
-      }
-      case 4: {  // all_to_all: block d of rank s's input goes to rank d
-        std::vector<float> in(count * std::size_t(cn)), out(count * std::size_t(cn));
-        for (std::size_t i = 0; i < in.size(); ++i) in[i] = input(job(cr), k, i);
-        collx::all_to_all(c, std::span<const float>(in), std::span(out), collx::algo::pairwise{});
-        for (int s = 0; s < cn; ++s)
-          for (std::size_t i = 0; i < count; ++i)
-            bad += out[std::size_t(s) * count + i] != input(job(s), k, std::size_t(cr) * count + i);
-        break;
-      }
-      default: collx::barrier(c); break;
-    }
-    if (bad != 0) mine.wrong.fetch_add(bad);
-    mine.calls.fetch_add(1);
+  rank_report& mine = rep.rank[world.rank()];
+  random_calls(world, p.seed, kOps, mine.wrong, mine.calls);
+}
+
+/// A survivor, after its failure: shrinks the job's communicator, stops a stopped victim for
+/// good (the survivors have gone on without it: what the job's launcher would do), and makes
+/// more calls among the survivors.
+void carry_on(comm_t& world, const plan& p, trial_report& rep) {
+  rank_report& m = rep.rank[world.rank()];
+  try {
+    comm_t c2 = world.shrink();
+    m.shrunk_ns = now_ns();
+    m.shrunk_size = c2.size();
+    if (p.stop && rep.victim_pid.load() > 0) ::kill(rep.victim_pid.load(), SIGKILL);
+    random_calls(c2, p.seed ^ 0x5eed, kAfterOps, m.after_wrong, m.after_calls);
+    m.shrunk.store(1);
+  } catch (const std::exception& e) {
+    std::snprintf(m.shrink_error, sizeof m.shrink_error, "%s", e.what());
+    m.shrunk.store(2);
   }
 }
 
@@ -161,7 +207,8 @@ void run_trial(const plan& p, const std::string& transport, trial_report& rep) {
       m.code = ce != nullptr ? ce->code().value() : -1;
       std::snprintf(m.error, sizeof m.error, "%s", e.what());
       m.state.store(2);
-      throw;
+      carry_on(comm, p, rep);
+      if (m.shrunk.load() != 1) throw;
     }
   };
   try {
@@ -183,16 +230,6 @@ bool names_rank(const std::string& msg, int v) {
     }
   }
   return false;
-}
-
-int segments_named(const std::string& prefix) {
-  int k = 0;
-  if (DIR* d = ::opendir("/dev/shm")) {
-    while (dirent* e = ::readdir(d))
-      if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0) ++k;
-    ::closedir(d);
-  }
-  return k;
 }
 
 }  // namespace
@@ -229,8 +266,10 @@ int main(int argc, char** argv) {
   if (rep == MAP_FAILED) return 1;
   std::mt19937_64 rng(seed);
   std::printf("# collx-chaos --transport %s --seconds %g --seed %llu\n", transport.c_str(), seconds, (unsigned long long)seed);
+  std::fflush(stdout);  // before the first fork, or the trial's process prints it again
   int trials = 0, hangs = 0, wrong = 0, unnamed = 0, leaked = 0, kills = 0, stops = 0, stop_errors = 0, stop_named = 0;
-  double worst_kill_ms = 0, worst_stop_ms = 0;
+  int shrinks = 0, shrink_failed = 0, split_views = 0, after_wrong = 0;
+  double worst_kill_ms = 0, worst_stop_ms = 0, worst_kill_shrunk_ms = 0, worst_stop_shrunk_ms = 0;
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   while (std::chrono::steady_clock::now() < end) {
     plan p;
@@ -280,6 +319,26 @@ int main(int argc, char** argv) {
         double& worst = p.stop ? worst_stop_ms : worst_kill_ms;
         worst = std::max(worst, double(m.error_ns - fault) / 1e6);
       }
+      // The survivors' shrink: every one that tried made it, all agree on its size (the ranks
+      // that shrank), and their calls after it are right.
+      ++shrinks;
+      after_wrong += m.after_wrong.load();
+      if (m.after_wrong.load() != 0) note += " rank " + std::to_string(r) + ": " + std::to_string(m.after_wrong.load()) + " wrong after the shrink";
+      if (m.shrunk.load() != 1) {
+        ++shrink_failed;
+        note += " rank " + std::to_string(r) + "'s shrink failed: " + m.shrink_error;
+      } else {
+        int shrank = 0;
+        for (int q = 0; q < p.n; ++q) shrank += rep->rank[q].shrunk.load() == 1;
+        if (m.shrunk_size != shrank) {
+          ++split_views;
+          note += " rank " + std::to_string(r) + " shrank to " + std::to_string(m.shrunk_size) + " ranks, " + std::to_string(shrank) + " did";
+        }
+        if (fault != 0) {
+          double& worst = p.stop ? worst_stop_shrunk_ms : worst_kill_shrunk_ms;
+          worst = std::max(worst, double(m.shrunk_ns - fault) / 1e6);
+        }
+      }
       if (p.stop) {
         ++stop_errors;
         stop_named += names_rank(m.error, p.victim);
@@ -290,7 +349,7 @@ int main(int argc, char** argv) {
         note += " rank " + std::to_string(r) + "'s error does not name rank " + std::to_string(p.victim) + ": " + m.error;
       }
     }
-    const int left = segments_named("collx-lp" + std::to_string(t) + "-");
+    const int left = collx_test::shm_names("collx-lp" + std::to_string(t) + "-");
     if (left != 0) {
       leaked += left;
       note += " " + std::to_string(left) + " segment(s) left in /dev/shm";
@@ -304,5 +363,11 @@ int main(int argc, char** argv) {
               "%d segments left; worst time from the fault to a survivor's error: %.0f ms after a kill, %.0f ms after a stop "
               "(COLLX_TIMEOUT_S=1); stops: %d of %d survivors' errors name the stopped rank\n",
               trials, kills, stops, hangs, wrong, unnamed, leaked, worst_kill_ms, worst_stop_ms, stop_named, stop_errors);
-  return hangs == 0 && wrong == 0 && unnamed == 0 && leaked == 0 && trials > 0 ? 0 : 1;
+  std::printf("# shrink: %d survivors shrank and went on: %d failed, %d disagreed on who is left, %d wrong elements after it; "
+              "worst time from the fault to the new communicator: %.0f ms after a kill, %.0f ms after a stop\n",
+              shrinks, shrink_failed, split_views, after_wrong, worst_kill_shrunk_ms, worst_stop_shrunk_ms);
+  return hangs == 0 && wrong == 0 && unnamed == 0 && leaked == 0 && shrink_failed == 0 && split_views == 0 && after_wrong == 0 &&
+                 trials > 0
+             ? 0
+             : 1;
 }

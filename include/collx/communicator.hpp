@@ -111,6 +111,16 @@ class communicator {
   /// and unique among the job's communicators. Defined in split.hpp.
   template <class Agree>
   communicator create_group(const std::vector<int>& members, const std::string& id, Agree&& agree, const std::string& name = {});
+  /// ncclCommShrink, ULFM's MPI_Comm_revoke + MPI_Comm_shrink: after a failure
+  /// (errc::peer_lost: a rank died), the ranks still alive call it, agree on who they are, and
+  /// get a new, working communicator of them, ranked as here (rank i of the new one is the i-th
+  /// survivor by rank here). This one is revoked first, on every rank: a rank still in a call
+  /// on it fails at once (and comes to shrink) rather than at its deadline. A collective call
+  /// among the survivors (each transport finds them its own way: split_plan.hpp,
+  /// shrink_request); a rank that has not called it by options::timeout is counted lost, and a
+  /// rank the others went on without fails with errc::peer_lost. The survivors rebuild their
+  /// sub-communicators from the new one (split, mesh). Defined in split.hpp.
+  communicator shrink(const std::string& name = {});
   /// What split() and create_group() end with: the new communicator of an agreed plan, over
   /// this transport's split, named `name` (default: the plan's id). Defined in split.hpp.
   communicator child_of(split_plan plan, split_offer&& offer, const std::string& name);
@@ -256,6 +266,7 @@ class communicator {
     std::uint64_t seq = 0;
     std::uint64_t empty = 0;
     std::uint32_t splits = 0;
+    std::uint32_t shrinks = 0;
     comm_identity id;
     std::string uid;  // unique among the job's communicators ("" for the job's own): split_plan::id
     automatic_state auto_;

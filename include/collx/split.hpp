@@ -1,6 +1,7 @@
 #pragma once
 // communicator::split (MPI_Comm_split, ncclCommSplit) and mesh(), which splits a job laid out as
-// a d1 x d2 x ... grid into one communicator per dimension (torch's DeviceMesh).
+// a d1 x d2 x ... grid into one communicator per dimension (torch's DeviceMesh), and
+// communicator::shrink (ncclCommShrink), the survivors' communicator after a failure.
 //
 // A split is one all_gather on the parent of a 120-byte entry per rank: its color, its key and
 // its transport's offer (split_plan.hpp). Every rank then knows every group, and the members of
@@ -10,6 +11,8 @@
 // m x m channels in the process over threads. A rank that passes collx::no_color takes part in
 // the all_gather and gets a null communicator.
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstdint>
 #include <cstring>
 #include <numeric>
@@ -78,6 +81,48 @@ communicator<T> communicator<T>::child_of(split_plan plan, split_offer&& offer, 
   id.hash = detail::fnv1a(plan.id) | 1;  // never 0 (the job's own)
   communicator child = make_child(transport().split(plan, std::move(offer)), std::move(id));
   child.s_->uid = plan.id;
+  return child;
+}
+
+template <class T>
+communicator<T> communicator<T>::shrink(const std::string& name) {
+  static_assert(requires(T& t, const shrink_request& q, std::vector<int>& m) {
+                  { t.shrink(q, m) } -> std::same_as<T>;
+                },
+                "collx: this transport cannot shrink: it needs `T shrink(const shrink_request&, std::vector<int>&)` (split_plan.hpp)");
+  const detail::call_queue::turn turn(detail::queue_of(*this, "shrink"));
+  shrink_request q;
+  q.epoch = ++s_->shrinks;
+  q.id = (s_->id.is_job() ? std::string() : s_->uid + ".") + "k" + std::to_string(q.epoch);
+  q.timeout = opts().timeout;
+  const std::string of = identity().is_job() ? std::string("the job's communicator") : "communicator " + identity().name;
+  q.what = "shrink #" + std::to_string(q.epoch) + " of " + of + " on " + identity().rank_name(rank());
+  // Revoked first (MPI_Comm_revoke): ranks still in a call on it, waiting for this one, fail
+  // now and come to the shrink, instead of at their deadline, when the others may have
+  // decided without them.
+  transport().abort(q.what + " revoked it" +
+                    (detail::tl_last_error.empty() ? std::string() : " (this rank's last failed call: " + detail::tl_last_error + ")"));
+  std::vector<int> members;
+  const auto began = std::chrono::steady_clock::now();
+  T t = transport().shrink(q, members);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - began).count();
+  comm_identity id;
+  id.name = name.empty() ? q.id : name;
+  for (int m : members) id.job_ranks.push_back(job_rank(m));
+  id.hash = detail::fnv1a(q.id) | 1;
+  if (s_->dbg.on(debug_level::info)) {
+    std::string lost;
+    for (int r = 0, k = 0; r < size(); ++r) {
+      if (k < int(members.size()) && members[std::size_t(k)] == r) ++k;
+      else lost += (lost.empty() ? "" : ", ") + identity().rank_name(r);
+    }
+    char took[48];
+    std::snprintf(took, sizeof took, " (%.1f ms)", ms);
+    s_->dbg.write(debug_level::info, q.what + ": " + std::to_string(members.size()) + " of " + std::to_string(size()) +
+                                         " ranks went on" + (lost.empty() ? std::string() : "; lost: " + lost) + took);
+  }
+  communicator child = make_child(std::move(t), std::move(id));
+  child.s_->uid = q.id;
   return child;
 }
 

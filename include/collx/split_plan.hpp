@@ -10,6 +10,7 @@
 // never meet another communicator's, whatever runs at the same time.
 #include <array>
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,6 +31,21 @@ struct split_plan {
   std::vector<int> members;         // the members' ranks on the parent, in the new order
   std::vector<std::array<char, split_offer::kBlob>> offers;  // each member's blob, in the new order
   std::chrono::nanoseconds timeout{};  // the parent's options::timeout
+};
+
+/// What communicator::shrink (split.hpp) asks of a transport that can shrink, which supplies
+///   T shrink(const shrink_request&, std::vector<int>& members);
+/// The ranks still alive agree, through what the failure left of the transport, on who they
+/// are (shm: the segment, where a dead rank's liveness mutex is free; tcp: each rank's listening
+/// socket, which refuses connections once its process is gone; inproc: the group), and a rank
+/// that has not joined by the deadline is counted lost. `members` gets the survivors (ranks of
+/// this communicator, ascending) and the result is the new communicator's transport, its rank i
+/// being members[i]. A rank the others decided without fails with errc::peer_lost.
+struct shrink_request {
+  std::uint32_t epoch = 1;             // this communicator's shrinks so far, this one included
+  std::string id;                      // the new communicator's id (as split_plan::id)
+  std::chrono::nanoseconds timeout{};  // how long the survivors wait for each other
+  std::string what;                    // "shrink #1 of the job's communicator on rank 3": for messages
 };
 
 }  // namespace collx

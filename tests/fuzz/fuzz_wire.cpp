@@ -1,10 +1,12 @@
 // libFuzzer target: random bytes as the frames a tcp rank reads from a peer (message header,
-// hello, verdict, store reply). Every parser must reject or accept without reading out of
+// hello, verdict, store reply, shrink hello and view). Every parser must reject or accept without reading out of
 // bounds, and what it accepts must be safe to use: names terminated, sizes within the limits.
 #include <collx/transport/tcp/wire.hpp>
 
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <vector>
 
 namespace w = collx::transport::tcp_wire;
 
@@ -34,6 +36,27 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const auto v = w::check_hello(std::span<const std::byte, sizeof(w::hello)>(b, sizeof(w::hello)), 0, 4, token, peer);
     if (v == w::verdict_code::admitted && (peer < 1 || peer > 3)) std::abort();
     if (v != w::verdict_code::admitted && peer != -1) std::abort();
+  }
+  if (size >= sizeof(w::shrink_hello)) {
+    int peer = -2;
+    const std::byte token[w::kTokenBytes] = {};
+    const auto v = w::check_shrink_hello(std::span<const std::byte, sizeof(w::shrink_hello)>(b, sizeof(w::shrink_hello)), 2, 5, 1, 7,
+                                         token, peer);
+    if (v == w::verdict_code::admitted && (peer < 0 || peer > 4 || peer == 2)) std::abort();
+    if (v != w::verdict_code::admitted && peer != -1) std::abort();
+  }
+  // A view frame of a 5-rank communicator: the size decides whether it can be one at all.
+  if (size >= 1) {
+    const int n = 1 + int(b[0]) % 8;
+    std::vector<char> alive;
+    std::string where, why;
+    if (w::parse_shrink_view(std::span<const std::byte>(b, size), 1, 0, n, alive, where, why)) {
+      if (alive.size() != std::size_t(n) || where.empty() || where.size() >= w::kShrinkWhere) std::abort();
+      for (char f : alive)
+        if (f != 0 && f != 1) std::abort();
+    } else if (why.empty()) {
+      std::abort();
+    }
   }
   if (size >= sizeof(w::verdict)) (void)w::parse_verdict(std::span<const std::byte, sizeof(w::verdict)>(b, sizeof(w::verdict)));
   if (size >= sizeof(w::store_rep_header)) {

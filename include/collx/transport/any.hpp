@@ -9,6 +9,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "../concepts.hpp"
 #include "../error.hpp"
@@ -44,6 +45,7 @@ class any {
   detail::position_board positions() const noexcept { return p_->positions(); }
   split_offer prepare_split() { return p_->prepare_split(); }
   any split(const split_plan& p, split_offer&& o) const { return any(p_->split(p, std::move(o))); }
+  any shrink(const shrink_request& q, std::vector<int>& members) { return any(p_->shrink(q, members)); }
 
  private:
   struct iface {
@@ -59,6 +61,7 @@ class any {
     virtual detail::position_board positions() const noexcept = 0;
     virtual split_offer prepare_split() = 0;
     virtual std::unique_ptr<iface> split(const split_plan&, split_offer&&) const = 0;
+    virtual std::unique_ptr<iface> shrink(const shrink_request&, std::vector<int>&) = 0;
   };
   template <class T>
   struct model final : iface {
@@ -90,6 +93,10 @@ class any {
     std::unique_ptr<iface> split(const split_plan& p, split_offer&& o) const override {
       if constexpr (requires { t.split(p, std::move(o)); }) return std::make_unique<model<T>>(t.split(p, std::move(o)));
       else throw error(errc::invalid_argument, std::string("transport ") + T::name + " cannot split");
+    }
+    std::unique_ptr<iface> shrink(const shrink_request& q, std::vector<int>& members) override {
+      if constexpr (requires { t.shrink(q, members); }) return std::make_unique<model<T>>(t.shrink(q, members));
+      else throw error(errc::invalid_argument, q.what + ": transport " + T::name + " cannot shrink");
     }
   };
   explicit any(std::unique_ptr<iface> p) noexcept : p_(std::move(p)) {}

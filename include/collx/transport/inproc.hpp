@@ -14,7 +14,10 @@
 // posts to it or acknowledges one of its messages. Ranks that fail or leave are recorded in the
 // group, and every waiter checks for them between sleeps, so a failure anywhere ends the
 // collective everywhere instead of hanging it.
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <exception>
 #include <map>
@@ -67,7 +70,8 @@ class inproc {
    public:
     explicit group(int n)
         : n_(n), cores_(detail::usable_cores()), channels_(std::size_t(n) * std::size_t(n)), bells_(std::size_t(n)),
-          state_(std::size_t(n)), why_(std::size_t(n)), board_(std::size_t(n)) {}
+          state_(std::size_t(n)), why_(std::size_t(n)), board_(std::size_t(n)), attached_(std::size_t(n), 1),
+          joined_(std::size_t(n), 0) {}
     /// Where each rank is (the desync report: detail/flight_record.hpp).
     detail::position_board positions() noexcept { return {board_.data(), sizeof(detail::position), n_}; }
     int size() const noexcept { return n_; }
@@ -131,6 +135,49 @@ class inproc {
       }
       for (int q = 0; q < n_; ++q) ring(q);  // every sleeper re-checks
     }
+    /// Rank `rank`'s transport is gone (destroyed): a shrink counts the rank lost.
+    void detach(int rank) noexcept {
+      {
+        std::lock_guard lk(shrink_mu_);
+        attached_[std::size_t(rank)] = 0;
+      }
+      shrink_cv_.notify_all();
+    }
+
+    /// communicator::shrink over threads (split_plan.hpp): each survivor marks itself joined
+    /// and waits until every rank has joined or is gone (its transport destroyed, or it left);
+    /// the first to see that, or its deadline, decides for all, and makes the new group.
+    std::shared_ptr<group> shrink(int rank, const shrink_request& q, std::vector<int>& members) {
+      const auto deadline = std::chrono::steady_clock::now() + q.timeout;
+      std::unique_lock lk(shrink_mu_);
+      joined_[std::size_t(rank)] = std::max(joined_[std::size_t(rank)], q.epoch);
+      shrink_cv_.notify_all();
+      auto alive = [&](int r) { return attached_[std::size_t(r)] != 0 && state(r) != rank_state::left; };
+      for (;;) {
+        if (const auto it = decisions_.find(q.epoch); it != decisions_.end()) {
+          decision& d = it->second;
+          const auto at = std::find(d.members.begin(), d.members.end(), rank);
+          if (at == d.members.end())
+            throw error(errc::peer_lost, q.what + ": the survivors went on without this rank (it joined after their deadline)");
+          members = d.members;
+          return d.g;
+        }
+        bool all = true;
+        for (int r = 0; r < n_ && all; ++r) all = joined_[std::size_t(r)] >= q.epoch || !alive(r);
+        if (all || std::chrono::steady_clock::now() >= deadline) {
+          decision d;
+          for (int r = 0; r < n_; ++r)
+            if (joined_[std::size_t(r)] >= q.epoch && alive(r)) d.members.push_back(r);
+          d.g = std::make_shared<group>(int(d.members.size()));
+          decisions_.emplace(q.epoch, std::move(d));
+          shrink_cv_.notify_all();
+          continue;
+        }
+        // A rank that leaves the job (group::leave) does not notify: look again now and then.
+        shrink_cv_.wait_until(lk, std::min(deadline, std::chrono::steady_clock::now() + detail::kSleepSlice));
+      }
+    }
+
     rank_state state(int rank) const noexcept {
       const auto s = rank_state(state_[std::size_t(rank)].load());
       if (s != rank_state::live || !parent_) return s;
@@ -168,6 +215,17 @@ class inproc {
     const void* ext_kind_ = nullptr;
     std::shared_ptr<group> parent_;  // split groups: the group split, and the members' ranks there
     std::vector<int> members_;
+    // shrink(): whose transport still exists, the last shrink each rank joined, and the
+    // decisions made (kept: a rank that comes late must find it has been left out)
+    struct decision {
+      std::vector<int> members;
+      std::shared_ptr<group> g;
+    };
+    std::mutex shrink_mu_;
+    std::condition_variable shrink_cv_;
+    std::vector<char> attached_;
+    std::vector<std::uint32_t> joined_;
+    std::map<std::uint32_t, decision> decisions_;
   };
 
   inproc(std::shared_ptr<group> g, int rank) : g_(std::move(g)), rank_(rank), spin_(detail::spin_for(g_->size(), g_->cores())) {}
@@ -178,6 +236,7 @@ class inproc {
   inproc& operator=(inproc&& o) noexcept {
     if (this != &o) {
       leave();
+      if (g_) g_->detach(rank_);
       g_ = std::move(o.g_);
       rank_ = o.rank_;
       spin_ = o.spin_;
@@ -188,7 +247,10 @@ class inproc {
   }
   inproc(const inproc&) = delete;
   inproc& operator=(const inproc&) = delete;
-  ~inproc() { leave(); }
+  ~inproc() {
+    leave();
+    if (g_) g_->detach(rank_);
+  }
 
   int rank() const noexcept { return rank_; }
   /// Every rank's position (the desync report at a deadline: signature.hpp).
@@ -202,6 +264,12 @@ class inproc {
   /// Splits (split_plan.hpp): the new communicator's group is made in this process.
   split_offer prepare_split() { return {}; }
   inproc split(const split_plan& p, split_offer&&) const { return inproc(group::join_split(g_, p), p.rank); }
+  /// communicator::shrink (split_plan.hpp): the survivors' group, made in this process.
+  inproc shrink(const shrink_request& q, std::vector<int>& members) {
+    std::shared_ptr<group> g = g_->shrink(rank_, q, members);
+    const int me = int(std::find(members.begin(), members.end(), rank_) - members.begin());
+    return inproc(std::move(g), me);
+  }
 
   void exchange(std::span<const send_desc> sends, std::span<const recv_desc> recvs, const exchange_context& ctx) {
     const call_info& call = *ctx.call;

@@ -85,7 +85,24 @@ class shm {
   static constexpr std::size_t kInline = shm_layout::kInline;
   static constexpr std::size_t kSmallBytes = shm_layout::kSmallBytes;
 
-  shm(std::string job, int rank, int size, config cfg = {}) : rank_(rank), n_(size), cfg_(cfg) {
+  shm(std::string job, int rank, int size, config cfg = {}) : shm(std::move(job), rank, size, cfg, nullptr) {}
+
+ private:
+  /// Which member of a communicator being made from this one has died (its rank there), or -1:
+  /// split() and shrink() give it to the new transport's attach, which then fails at once,
+  /// naming the member, instead of waiting for it until the deadline.
+  struct members_of {
+    const shm* parent;
+    const std::vector<int>* members;  // their ranks on the parent
+    int gone() const {
+      for (std::size_t k = 0; k < members->size(); ++k)
+        if ((*members)[k] != parent->rank_ && shm_detail::probe(&parent->rc((*members)[k]).alive) != shm_detail::holder::alive)
+          return int(k);
+      return -1;
+    }
+  };
+
+  shm(std::string job, int rank, int size, config cfg, const members_of* from) : rank_(rank), n_(size), cfg_(cfg) {
     if (size < 1 || rank < 0 || rank >= size)
       throw error(errc::invalid_argument, "shm: rank " + std::to_string(rank) + " is out of range for " +
                                               std::to_string(size) + " ranks");
@@ -100,8 +117,10 @@ class shm {
     name_ = segment_name(job);
     L_ = shm_layout::layout(n_, cfg_);
     keeper_ = std::make_unique<shm_detail::liveness_keeper>();
-    attach();
+    attach(from);
   }
+
+ public:
 
   /// Rank, size and job from the launcher's environment (environment.hpp).
   static shm from_env(config cfg = {}) {
@@ -120,7 +139,51 @@ class shm {
   /// one's and the split's id, made as a job's is (its rank 0 creates it, the others join).
   split_offer prepare_split() { return {}; }
   shm split(const split_plan& p, split_offer&&) const {
-    return shm(name_.substr(std::strlen("/collx-")) + "." + p.id, p.rank, p.size, cfg_);
+    const members_of from{this, &p.members};
+    return shm(name_.substr(std::strlen("/collx-")) + "." + p.id, p.rank, p.size, cfg_, &from);
+  }
+
+  /// communicator::shrink (split_plan.hpp), through this segment, which a failure leaves
+  /// mapped: each survivor marks itself joined (rank_ctl::shrink_joined) and waits until every
+  /// rank has joined or its process is gone (its liveness mutex is free); the first to see that,
+  /// or its deadline, takes the header's shrink_lock and writes every rank's verdict, and a
+  /// decider that dies meanwhile is replaced. The survivors then meet in a new segment, named
+  /// as a split's is.
+  shm shrink(const shrink_request& q, std::vector<int>& members) {
+    using namespace shm_layout;
+    if (base_ == nullptr || left_) throw error(errc::invalid_argument, q.what + ": this rank's shared-memory transport has left the job");
+    const std::uint32_t epoch = q.epoch;
+    std::uint32_t was = me().shrink_joined.load(std::memory_order_seq_cst);
+    while (was < epoch && !me().shrink_joined.compare_exchange_weak(was, epoch, std::memory_order_seq_cst)) {}
+    for (int r = 0; r < n_; ++r) rc(r).doorbell.wake(true);
+    std::vector<char> dead(std::size_t(n_), 0);  // once gone, gone: a free mutex is never held again
+    auto alive = [&](int r) {
+      if (r == rank_) return true;
+      if (dead[std::size_t(r)] == 0 && !process_alive(r)) dead[std::size_t(r)] = 1;
+      return dead[std::size_t(r)] == 0;
+    };
+    const auto deadline = std::chrono::steady_clock::now() + q.timeout;
+    for (;;) {
+      if (hdr().shrink_done.load(std::memory_order_acquire) >= epoch) {
+        members.clear();
+        int mine = -1;
+        for (int r = 0; r < n_; ++r)
+          if (rc(r).shrink_in.load(std::memory_order_acquire) == epoch) {
+            if (r == rank_) mine = int(members.size());
+            members.push_back(r);
+          }
+        if (mine < 0)
+          throw error(errc::peer_lost, q.what + ": the survivors went on without this rank (it joined after their deadline)");
+        const members_of from{this, &members};
+        return shm(name_.substr(std::strlen("/collx-")) + "." + q.id, mine, int(members.size()), cfg_, &from);
+      }
+      const std::uint32_t bell = me().doorbell.word.load(std::memory_order_seq_cst);
+      bool all = true;
+      for (int r = 0; r < n_ && all; ++r) all = rc(r).shrink_joined.load(std::memory_order_seq_cst) >= epoch || !alive(r);
+      if (all || std::chrono::steady_clock::now() >= deadline) decide_shrink(epoch, alive);
+      if (hdr().shrink_done.load(std::memory_order_acquire) < epoch)
+        detail::futex_wait(me().doorbell.word, bell, std::chrono::milliseconds(20), true);
+    }
   }
 
   /// The bytes of shared memory a job of n ranks reserves with cfg (shm/layout.hpp).
@@ -575,7 +638,7 @@ class shm {
 
   // ---- attach (defined in shm/attach.hpp) ---------------------------------------------------
 
-  void attach();
+  void attach(const members_of* from);
 
   /// Whether the segment mapped at `base` (at least its first rank_ctl) belongs to a job whose
   /// rank 0 is still attached. Several ranks of a rerun may ask at once: the one that finds the
@@ -589,7 +652,16 @@ class shm {
   void create(std::chrono::steady_clock::time_point deadline);
 
   /// Ranks but 0: waits for rank 0's segment and maps it, letting go of a stale one.
-  void join(std::chrono::steady_clock::time_point deadline);
+  void join(std::chrono::steady_clock::time_point deadline, const members_of* from);
+  /// A member of the communicator being made died before it attached (members_of).
+  void fail_if_gone(const members_of* from, const char* doing) {
+    if (from == nullptr) return;
+    if (const int k = from->gone(); k >= 0) {
+      if (base_ != nullptr) release();
+      throw error(errc::peer_lost, who() + ": its rank " + std::to_string(k) + " (rank " + std::to_string((*from->members)[std::size_t(k)]) +
+                                       " of the communicator it is made from) died " + doing);
+    }
+  }
 
   /// Single copy needs process_vm_readv on every peer (same user; no seccomp or Yama rule
   /// against it). Every rank tries to read each peer's segment header through it; all ranks
@@ -636,6 +708,36 @@ class shm {
       return true;
     }
     return r.state.load(std::memory_order_seq_cst) != kLive;  // not attached yet (state 0): not gone
+  }
+
+  /// Whether rank p's process lives: its liveness mutex is held, and still held a moment later
+  /// (a peer that finds it free holds it for a moment itself).
+  bool process_alive(int p) {
+    for (int tries = 0;; ++tries) {
+      if (shm_detail::probe(&rc(p).alive) != shm_detail::holder::alive) return false;
+      if (tries >= 2) return true;
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+
+  /// shrink(): takes the header's shrink_lock for `epoch` (from a decider that died, too) and
+  /// writes every rank's verdict: kept when it joined and its process lives.
+  template <class Alive>
+  void decide_shrink(std::uint32_t epoch, Alive& alive) {
+    using namespace shm_layout;
+    std::uint64_t cur = hdr().shrink_lock.load(std::memory_order_seq_cst);
+    for (;;) {
+      if ((cur >> 32) >= epoch) {
+        const int owner = int(cur & 0xffffffffu) - 1;
+        if (owner == rank_ || (owner >= 0 && owner < n_ && alive(owner))) return;  // it decides
+      }
+      if (hdr().shrink_lock.compare_exchange_strong(cur, (std::uint64_t(epoch) << 32) | std::uint32_t(rank_ + 1))) break;
+    }
+    for (int r = 0; r < n_; ++r)
+      rc(r).shrink_in.store(rc(r).shrink_joined.load(std::memory_order_seq_cst) >= epoch && alive(r) ? epoch : 0,
+                            std::memory_order_seq_cst);
+    hdr().shrink_done.store(epoch, std::memory_order_release);
+    for (int r = 0; r < n_; ++r) rc(r).doorbell.wake(true);
   }
 
   [[noreturn]] void report_gone(int p, const call_info& call) const {

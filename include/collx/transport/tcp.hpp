@@ -6,8 +6,11 @@
 //                       directory), admit each other (the job's token) and connect;
 //   tcp/stream.hpp      the data path: frames on each connection and the loop that moves a step's
 //                       sends and receives together, synchronous sends for point to point, faults;
-//   tcp/wire.hpp        what goes on the wire, and the parsers every byte read passes through.
+//   tcp/wire.hpp        what goes on the wire, and the parsers every byte read passes through;
+//   tcp/shrink.hpp      after a failure, the survivors' new communicator (communicator::shrink),
+//                       found through the socket each rank keeps listening on.
 // Every socket is owned (net::fd) and closed on every path.
+#include <algorithm>
 #include <cstring>
 #include <span>
 #include <string>
@@ -21,6 +24,7 @@
 #include "../split_plan.hpp"
 #include "tcp/config.hpp"
 #include "tcp/rendezvous.hpp"
+#include "tcp/shrink.hpp"
 #include "tcp/socket.hpp"
 #include "tcp/store.hpp"
 #include "tcp/stream.hpp"
@@ -47,6 +51,7 @@ class tcp {
     r.run();
     token_ = r.token();
     crowded_ = r.crowded();
+    listener_ = std::move(r.listener());
     net_ = tcp_detail::streams(std::move(r.peers()), r.crowded());
   }
 
@@ -85,8 +90,36 @@ class tcp {
       net::fd listener = std::move(*std::static_pointer_cast<net::fd>(o.keep));
       tcp_detail::rendezvous r(t.job_, p.rank, p.size, cfg_, net::fd{});
       r.run_split(std::move(listener), where, token_, crowded_, net::clock::now() + cfg_.rendezvous_timeout);
+      t.listener_ = std::move(r.listener());
       t.net_ = tcp_detail::streams(std::move(r.peers()), crowded_);
     }
+    return t;
+  }
+
+  /// communicator::shrink (split_plan.hpp): the survivors meet through the sockets each rank
+  /// keeps listening on and agree on who they are (tcp/shrink.hpp); their connections there
+  /// become the new communicator's.
+  tcp shrink(const shrink_request& q, std::vector<int>& members) {
+    tcp t;
+    t.job_ = job_ + "." + q.id;
+    t.cfg_ = cfg_;
+    t.token_ = token_;
+    t.crowded_ = crowded_;
+    if (n_ == 1) {
+      members = {0};
+      return t;
+    }
+    if (moved_from_ || !listener_)
+      throw error(errc::invalid_argument, q.what + ": this rank's tcp transport keeps no listener (it was moved from)");
+    std::vector<std::string> where(static_cast<std::size_t>(n_));
+    for (int p = 0; p < n_; ++p)
+      if (p != rank_) where[std::size_t(p)] = net_.where(p);
+    tcp_detail::shrunk s = tcp_detail::shrinker(rank_, n_, job_, token_, std::move(where), listener_.get(), q, cfg_).run();
+    members = s.members;
+    t.rank_ = int(std::find(members.begin(), members.end(), rank_) - members.begin());
+    t.n_ = int(members.size());
+    t.listener_ = std::move(s.listener);
+    t.net_ = tcp_detail::streams(std::move(s.peers), crowded_);
     return t;
   }
 
@@ -103,7 +136,7 @@ class tcp {
 
   tcp(tcp&& o) noexcept
       : rank_(o.rank_), n_(o.n_), job_(std::move(o.job_)), cfg_(std::move(o.cfg_)), token_(std::move(o.token_)),
-        crowded_(o.crowded_), net_(std::move(o.net_)), moved_from_(false) {
+        crowded_(o.crowded_), listener_(std::move(o.listener_)), net_(std::move(o.net_)), moved_from_(false) {
     o.moved_from_ = true;
   }
   tcp& operator=(tcp&& o) noexcept {
@@ -115,6 +148,7 @@ class tcp {
       cfg_ = std::move(o.cfg_);
       token_ = std::move(o.token_);
       crowded_ = o.crowded_;
+      listener_ = std::move(o.listener_);
       net_ = std::move(o.net_);
       moved_from_ = false;
       o.moved_from_ = true;
@@ -153,6 +187,7 @@ class tcp {
   config cfg_;
   std::string token_;
   bool crowded_ = false;
+  net::fd listener_;  // where this rank accepted its peers: a shrink finds it there
   tcp_detail::streams net_;
   bool moved_from_ = false;
 };

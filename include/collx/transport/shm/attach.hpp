@@ -7,11 +7,11 @@
 
 namespace collx::transport {
 
-inline void shm::attach() {
+inline void shm::attach(const members_of* from) {
   using namespace shm_layout;
   const auto deadline = std::chrono::steady_clock::now() + cfg_.attach_timeout;
   if (rank_ == 0) create(deadline);
-  else join(deadline);
+  else join(deadline, from);
   rank_ctl& m = me();
   keeper_->hold(&m.alive);
   m.pid = std::int32_t(getpid());
@@ -25,6 +25,11 @@ inline void shm::attach() {
   for (int q = 0; q < n_; ++q) rc(q).doorbell.wake(true);
   // Everyone attached: the name is no longer needed, so nothing can leak into /dev/shm.
   while (hdr().attached.load(std::memory_order_seq_cst) < std::uint32_t(n_)) {
+    if (from != nullptr && from->gone() >= 0) {
+      if (hdr().attached.load() >= std::uint32_t(n_)) break;  // it attached, then died: its peers' calls find it
+      shm_unlink(name_.c_str());
+      fail_if_gone(from, "before it attached");
+    }
     if (std::chrono::steady_clock::now() > deadline) {
       std::string missing;
       for (int q = 0; q < n_; ++q)
@@ -127,11 +132,12 @@ inline void shm::create(std::chrono::steady_clock::time_point deadline) {
   hdr().status.store(kReady, std::memory_order_release);
 }
 
-inline void shm::join(std::chrono::steady_clock::time_point deadline) {
+inline void shm::join(std::chrono::steady_clock::time_point deadline, const members_of* from) {
   using namespace shm_layout;
   const std::size_t bytes = L_.total_bytes();
   bool saw_stale = false;
-  for (;; std::this_thread::sleep_for(std::chrono::milliseconds(1))) {
+  for (int k = 0;; std::this_thread::sleep_for(std::chrono::milliseconds(1)), ++k) {
+    if (k % 8 == 0 && from != nullptr && from->gone() == 0) fail_if_gone(from, "before it created the segment");
     if (std::chrono::steady_clock::now() > deadline)
       throw error(errc::timeout, who() + " timed out waiting for rank 0 to create the job's segment" +
                                      (saw_stale ? " (found one a crashed run left, which rank 0 replaces when it starts)" : ""));

@@ -57,7 +57,7 @@ inline constexpr std::uint32_t kSigRing = 64;
 /// small buffer (data slots are numbered from 0).
 inline constexpr std::uint16_t kBufInline = 0xfffe, kBufRemote = 0xffff, kBufSmall = 0x8000;
 
-inline constexpr std::uint64_t kMagic = 0x636f6c6c782d7333ull;  // "collx-s3"
+inline constexpr std::uint64_t kMagic = 0x636f6c6c782d7334ull;  // "collx-s4"
 inline constexpr std::uint32_t kLive = 1, kLeft = 2, kFailed = 3;
 inline constexpr std::uint32_t kCreating = 0, kReady = 1, kReserveFailed = 2;
 
@@ -73,6 +73,10 @@ struct header {
   std::atomic<std::int32_t> first_failed;
   std::atomic<std::uint32_t> probed;      // ranks that have tried reading their peers' memory
   std::atomic<std::uint32_t> cma_failed;  // 1 if any rank could not
+  // communicator shrink (shm.hpp: shrink): the epoch being decided and by whom
+  // (epoch << 32 | rank + 1), and the last epoch decided (rank_ctl::shrink_in holds the verdict)
+  std::atomic<std::uint64_t> shrink_lock;
+  std::atomic<std::uint32_t> shrink_done;
   char why[1024];
 };
 
@@ -87,6 +91,8 @@ struct alignas(64) rank_ctl {
   std::uint32_t sig_count;  // signatures published so far (only the rank writes it)
   call_signature sigs[kSigRing];
   detail::position pos;  // where the rank is, for a peer's desync report (detail/flight_record.hpp)
+  std::atomic<std::uint32_t> shrink_joined;  // the last shrink epoch this rank joined
+  std::atomic<std::uint32_t> shrink_in;      // the epoch of the last shrink that kept it (the decider writes it)
 };
 
 /// One cache line per chunk: the receiver polls `seq` and finds the header and, for chunks of

@@ -55,6 +55,9 @@ class rendezvous {
       : job_(std::move(job)), rank_(rank), n_(n), cfg_(std::move(cfg)), served_(std::move(served)) {}
 
   std::vector<conn>& peers() noexcept { return peers_; }
+  /// The socket this rank accepted its peers on (after run() or run_split()): the transport
+  /// keeps it, for a shrink (tcp/shrink.hpp).
+  net::fd& listener() noexcept { return listener_; }
   bool crowded() const noexcept { return crowded_; }
 
   std::string key(const std::string& what) const { return job_ + "/" + what; }
@@ -197,6 +200,7 @@ class rendezvous {
     };
     for (int q = 0; q < rank_; ++q) fetch(q);
     connect_mesh(listener, addr, tok, deadline);
+    listener_ = std::move(listener);
     for (int q = rank_ + 1; q < n_; ++q) fetch(q);
     cpu_set_t host_cores;
     CPU_ZERO(&host_cores);
@@ -258,6 +262,7 @@ class rendezvous {
       peers_[std::size_t(q)].where = where[std::size_t(q)];
     }
     connect_mesh(listener, addr, token_field(token), deadline);
+    listener_ = std::move(listener);
     size_buffers();
   }
 
@@ -379,6 +384,7 @@ class rendezvous {
   int rank_ = 0, n_ = 1;
   tcp_config cfg_;
   net::fd served_;  // launch_processes: the store's listening socket (rank 0), owned from the start
+  net::fd listener_;
   std::vector<conn> peers_;
   bool crowded_ = false;
   std::string token_;

@@ -22,6 +22,10 @@
 //            payload); only then does the data frame follow.
 //   store    request: magic "CXS1", op, key length, value length, key, value
 //            reply:   magic "CXT1", status, value length, value
+//   shrink   (communicator::shrink: tcp/shrink.hpp) on a new connection to a rank's listener:
+//            hello: magic "CXK1", version, rank, size, epoch, 0, job hash, token[64] (96 bytes),
+//            answered by a verdict; then on the survivors' connections, rounds of
+//            view:  magic "CXW1", epoch, round, n, n bytes (1: rank alive), where[112]
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -29,6 +33,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "../../signature.hpp"
 
@@ -40,7 +45,8 @@ constexpr std::uint32_t fourcc(const char (&s)[5]) {
 }
 
 inline constexpr std::uint32_t kHelloMagic = fourcc("CXH1"), kVerdictMagic = fourcc("CXV1"), kMsgMagic = fourcc("CXM1"),
-                               kStoreReqMagic = fourcc("CXS1"), kStoreRepMagic = fourcc("CXT1");
+                               kStoreReqMagic = fourcc("CXS1"), kStoreRepMagic = fourcc("CXT1"),
+                               kShrinkHelloMagic = fourcc("CXK1"), kShrinkViewMagic = fourcc("CXW1");
 inline constexpr std::uint32_t kVersion = 2;  // 2: the call signature carries the entry time (flight recorder)
 /// A job token: up to this many bytes (COLLX_JOB_TOKEN, or 64 hex digits made by rank 0).
 inline constexpr std::size_t kTokenBytes = 64;
@@ -66,7 +72,7 @@ struct hello {
 };
 static_assert(sizeof(hello) == 80);
 
-enum class verdict_code : std::uint32_t { admitted = 0, bad_token = 1, bad_rank = 2, duplicate = 3, bad_version = 4 };
+enum class verdict_code : std::uint32_t { admitted = 0, bad_token = 1, bad_rank = 2, duplicate = 3, bad_version = 4, bad_epoch = 5 };
 
 struct verdict {
   std::uint32_t magic = kVerdictMagic;
@@ -81,6 +87,7 @@ inline const char* describe(verdict_code c) {
     case verdict_code::bad_rank: return "rank out of range or not expected to connect here";
     case verdict_code::duplicate: return "a connection from that rank already exists";
     case verdict_code::bad_version: return "not a collx peer of this version";
+    case verdict_code::bad_epoch: return "another shrink or another communicator (did the ranks call shrink a different number of times?)";
   }
   return "unknown verdict";
 }
@@ -104,8 +111,90 @@ inline verdict_code check_hello(std::span<const std::byte, sizeof(hello)> raw, i
 inline std::optional<verdict_code> parse_verdict(std::span<const std::byte, sizeof(verdict)> raw) {
   verdict v;
   std::memcpy(&v, raw.data(), sizeof v);
-  if (v.magic != kVerdictMagic || v.code > std::uint32_t(verdict_code::bad_version)) return std::nullopt;
+  if (v.magic != kVerdictMagic || v.code > std::uint32_t(verdict_code::bad_epoch)) return std::nullopt;
   return verdict_code(v.code);
+}
+
+// ---- shrink -----------------------------------------------------------------------------------
+
+struct shrink_hello {
+  std::uint32_t magic = kShrinkHelloMagic;
+  std::uint32_t version = kVersion;
+  std::uint32_t rank = 0;
+  std::uint32_t size = 0;
+  std::uint32_t epoch = 0;
+  std::uint32_t reserved = 0;
+  std::uint64_t job = 0;  // hash of the communicator's job name: another communicator's shrink is refused
+  std::byte token[kTokenBytes] = {};
+};
+static_assert(sizeof(shrink_hello) == 96);
+
+/// Checks a shrink hello received by `my_rank` of a `my_size`-rank communicator in shrink
+/// `epoch`. Any other rank may connect (each connects to every other).
+inline verdict_code check_shrink_hello(std::span<const std::byte, sizeof(shrink_hello)> raw, int my_rank, int my_size,
+                                       std::uint32_t epoch, std::uint64_t job, std::span<const std::byte> token, int& peer) {
+  shrink_hello h;
+  std::memcpy(&h, raw.data(), sizeof h);
+  peer = -1;
+  if (h.magic != kShrinkHelloMagic || h.version != kVersion) return verdict_code::bad_version;
+  if (!same_token({h.token, kTokenBytes}, token)) return verdict_code::bad_token;
+  if (h.size != std::uint32_t(my_size) || h.rank >= std::uint32_t(my_size) || int(h.rank) == my_rank) return verdict_code::bad_rank;
+  if (h.epoch != epoch || h.job != job) return verdict_code::bad_epoch;
+  peer = int(h.rank);
+  return verdict_code::admitted;
+}
+
+/// A round of the survivors' agreement: who the sender counts alive, and the address of the
+/// listener its new communicator keeps.
+inline constexpr std::size_t kShrinkWhere = 112;
+struct shrink_view_head {
+  std::uint32_t magic = kShrinkViewMagic;
+  std::uint32_t epoch = 0;
+  std::uint32_t round = 0;
+  std::uint32_t n = 0;
+};
+inline std::size_t shrink_view_bytes(int n) { return sizeof(shrink_view_head) + std::size_t(n) + kShrinkWhere; }
+
+/// Parses a view frame of shrink_view_bytes(n) bytes for (epoch, round): false, with `why`, when
+/// it is not one; else `alive` gets its n flags and `where` its address.
+inline bool parse_shrink_view(std::span<const std::byte> raw, std::uint32_t epoch, std::uint32_t round, int n,
+                              std::vector<char>& alive, std::string& where, std::string& why) {
+  shrink_view_head h;
+  if (n < 1 || raw.size() != shrink_view_bytes(n)) {
+    why = "a view frame of the wrong size";
+    return false;
+  }
+  std::memcpy(&h, raw.data(), sizeof h);
+  if (h.magic != kShrinkViewMagic) {
+    why = "not a shrink view (bad magic)";
+    return false;
+  }
+  if (h.epoch != epoch || h.round != round || h.n != std::uint32_t(n)) {
+    why = "a view of another shrink or round (epoch " + std::to_string(h.epoch) + ", round " + std::to_string(h.round) + ")";
+    return false;
+  }
+  alive.assign(std::size_t(n), 0);
+  for (int r = 0; r < n; ++r) {
+    const auto f = static_cast<unsigned char>(raw[sizeof h + std::size_t(r)]);
+    if (f > 1) {
+      why = "a view flag that is neither 0 nor 1";
+      return false;
+    }
+    alive[std::size_t(r)] = char(f);
+  }
+  const char* w = reinterpret_cast<const char*>(raw.data() + sizeof h + std::size_t(n));
+  const std::size_t len = strnlen(w, kShrinkWhere);
+  if (len == 0 || len == kShrinkWhere) {
+    why = "a view without an address";
+    return false;
+  }
+  for (std::size_t i = 0; i < len; ++i)
+    if (static_cast<unsigned char>(w[i]) < 33 || static_cast<unsigned char>(w[i]) > 126) {
+      why = "a view whose address is not printable";
+      return false;
+    }
+  where.assign(w, len);
+  return true;
 }
 
 // ---- message header ---------------------------------------------------------------------------
