@@ -439,7 +439,11 @@ TEST_CASE("COLLX_DEBUG: communicators made, automatic's choices once per shape, 
   std::filesystem::remove_all(dir);
 }
 
-TEMPLATE_TEST_CASE("desync report: a timeout says where every rank of the communicator is", "[flight][desync]", threads, processes) {
+TEMPLATE_TEST_CASE("desync report: a timeout says where every rank of the communicator is", "[flight][desync]", threads, processes,
+                   processes_tcp) {
+  // Over tcp the positions are asked of the ranks (tcp/positions.hpp): one busy in its own code
+  // does not answer, and says so.
+  constexpr bool asked = std::is_same_v<TestType, processes_tcp>;
   const scoped_env t("COLLX_TIMEOUT_S", "0.4");
   for (int n : {3, 5}) {
     INFO("n = " << n);
@@ -457,13 +461,45 @@ TEMPLATE_TEST_CASE("desync report: a timeout says where every rank of the commun
             } catch (const collx::error& e) {
               if (e.code() != collx::errc::timeout) return;  // told by a peer that timed out: no report of its own
               const std::string m = e.what();
-              const std::string where = "; where the ranks are: rank " + std::to_string(late) + " is done with all_reduce #1";
+              // (over tcp the ranks that timed out first are past their call too, and do not
+              // answer either: the late rank is among those that do not)
+              const std::string where = asked ? " not answer (not waiting in a collx call"
+                                              : "; where the ranks are: rank " + std::to_string(late) + " is done with all_reduce #1";
               if (m.find(where) == std::string::npos || m.find("all_reduce #2") == std::string::npos ||
                   m.find("rank " + std::to_string(late) + " is in") != std::string::npos)
                 note("the timeout does not say where the ranks are: " + m);
             }
           }) == "");
   }
+}
+
+TEMPLATE_TEST_CASE("desync report: a rank stuck in a call on another communicator is named there", "[flight][desync]", threads,
+                   processes, processes_tcp) {
+  // Rank 2 is blocked in its pair's all_reduce, waiting for rank 3 (asleep), while 0 and 1
+  // time out in the job's all_reduce waiting for it: their report says where it is stuck.
+  const scoped_env t("COLLX_TIMEOUT_S", "0.4");
+  CHECK(run_checked<TestType>(4, [](auto& comm, auto note) {
+          auto pair = comm.split(comm.rank() / 2, comm.rank(), "pair");
+          std::vector<float> v(16, 1.0f);
+          try {
+            if (comm.rank() == 3) {
+              std::this_thread::sleep_for(1200ms);
+              return;
+            }
+            if (comm.rank() == 2) {
+              std::this_thread::sleep_for(100ms);
+              collx::all_reduce(pair, std::span(v), collx::ops::sum{}, collx::algo::ring{});
+              return;
+            }
+            collx::all_reduce(comm, std::span(v), collx::ops::sum{}, collx::algo::ring{});
+            note("all_reduce #2 did not fail");
+          } catch (const collx::error& e) {
+            if (comm.rank() >= 2 || e.code() != collx::errc::timeout) return;
+            const std::string m = e.what();
+            if (m.find("; rank 2 is blocked in all_reduce #1 on communicator pair, waiting for job rank 3") == std::string::npos)
+              note("the timeout does not say where rank 2 is stuck: " + m);
+          }
+        }) == "");
 }
 
 TEST_CASE("desync report: on a split communicator, its own ranks and positions", "[flight][desync]") {

@@ -175,6 +175,28 @@ class flight_recorder {
   bool enabled() const noexcept { return cap() != 0; }
   /// The position board of the communicator (empty when its transport has none).
   const position_board& board() const noexcept { return board_; }
+
+  /// Job rank `job_rank` is blocked in call c on another communicator (on), or no longer (off):
+  /// this recorder's position says so, if it is that rank's (note_blocked).
+  void mark_elsewhere(int job_rank, const call_info& c, int peer, bool on) noexcept {
+    std::lock_guard g(mu_);
+    if (pos_ == nullptr || id_ == nullptr || id_ == c.comm || job_rank_locked() != job_rank) return;
+    if (!on) {
+      pos_->else_seq.store(0, std::memory_order_relaxed);
+      return;
+    }
+    std::uint64_t w[2] = {};
+    const std::string name = c.comm == nullptr || c.comm->is_job() ? std::string("world") : c.comm->name;
+    std::memcpy(w, name.data(), std::min(name.size(), sizeof w));
+    pos_->else_comm[0].store(w[0], std::memory_order_relaxed);
+    pos_->else_comm[1].store(w[1], std::memory_order_relaxed);
+    static_assert(sizeof c.sig.collective == sizeof w);
+    std::memcpy(w, c.sig.collective, sizeof w);
+    pos_->else_call[0].store(w[0], std::memory_order_relaxed);
+    pos_->else_call[1].store(w[1], std::memory_order_relaxed);
+    pos_->else_waiting_job.store(peer < 0 ? -1 : (c.comm == nullptr ? peer : c.comm->job_rank(peer)), std::memory_order_relaxed);
+    pos_->else_seq.store(c.sig.seq == 0 ? 1 : c.sig.seq, std::memory_order_relaxed);
+  }
   std::size_t capacity() const noexcept { return cap(); }
   /// The job rank of this communicator's own rank (any thread may ask: a dump does).
   int job_rank() const {
@@ -497,6 +519,15 @@ inline std::string write_dump(const std::string& dir, int job_rank, const char* 
   }
   return path;
 }
+
+/// note_blocked_hook (signature.hpp): the blocked rank's positions on its other communicators.
+inline void note_blocked(const call_info& c, int peer, bool on) noexcept {
+  const int me = c.comm == nullptr ? c.rank : c.comm->job_rank(c.rank);
+  auto& r = flight_recorders();
+  std::lock_guard g(r.mu);
+  for (flight_recorder* x : r.all) x->mark_elsewhere(me, c, peer, on);
+}
+inline const bool note_blocked_installed = (note_blocked_hook = &note_blocked, true);
 
 inline void dump_job_rank_noexcept(int job_rank, const char* reason) noexcept {
   try {

@@ -233,9 +233,14 @@ struct call_info {
     std::vector<place> places;
     const std::int64_t now = detail::wall_ns();
     std::vector<std::pair<int, std::int64_t>> silent;  // blocked in a call, yet no sign of life
+    std::vector<int> mute, gone;  // asked, and no answer (tcp: tcp/positions.hpp)
     for (int r = 0; r < board.n; ++r) {
       const detail::position& p = *board.at(r);
       const std::uint64_t ss = p.seq_state.load(std::memory_order_relaxed);
+      if (const int wf = p.waiting_for.load(std::memory_order_relaxed); r != rank && (wf == detail::position::kSilent || wf == detail::position::kGone)) {
+        (wf == detail::position::kGone ? gone : mute).push_back(r);
+        continue;
+      }
       char nm[17] = {};
       const std::uint64_t w0 = p.name[0].load(std::memory_order_relaxed), w1 = p.name[1].load(std::memory_order_relaxed);
       std::memcpy(nm, &w0, 8);
@@ -278,6 +283,28 @@ struct call_info {
     for (const auto& [r, quiet] : silent)
       o += "; " + peer(r) + " shows no sign of life for " + detail::format_seconds(std::chrono::nanoseconds(quiet)) +
            " (stopped, or not given a core)";
+    auto some = [&](const std::vector<int>& v) { return v.size() == 1 ? peer(v.front()) : "ranks " + detail::rank_ranges(v); };
+    if (!mute.empty())
+      o += "; " + some(mute) + (mute.size() == 1 ? " does" : " do") + " not answer (not waiting in a collx call: busy in its own code, or stopped)";
+    if (!gone.empty()) o += "; " + some(gone) + (gone.size() == 1 ? " is" : " are") + " gone (its process refuses connections)";
+    // Ranks stuck in a call on another of their communicators (flight.hpp, note_blocked).
+    for (int r = 0; r < board.n; ++r) {
+      const detail::position& p = *board.at(r);
+      const std::uint64_t es = p.else_seq.load(std::memory_order_relaxed);
+      if (r == rank || es == 0) continue;
+      char cm[17] = {}, cl[17] = {};
+      const std::uint64_t c0 = p.else_comm[0].load(std::memory_order_relaxed), c1 = p.else_comm[1].load(std::memory_order_relaxed);
+      const std::uint64_t l0 = p.else_call[0].load(std::memory_order_relaxed), l1 = p.else_call[1].load(std::memory_order_relaxed);
+      std::memcpy(cm, &c0, 8);
+      std::memcpy(cm + 8, &c1, 8);
+      std::memcpy(cl, &l0, 8);
+      std::memcpy(cl + 8, &l1, 8);
+      const std::string other(cm, strnlen(cm, 16));
+      const int wj = p.else_waiting_job.load(std::memory_order_relaxed);
+      o += "; " + peer(r) + " is blocked in " + std::string(cl, strnlen(cl, 16)) + " #" + std::to_string(es) +
+           (other == "world" ? std::string(" on the job's communicator") : " on communicator " + other) +
+           (wj >= 0 ? ", waiting for job rank " + std::to_string(wj) : std::string());
+    }
     return o;
   }
 
@@ -321,6 +348,10 @@ struct call_info {
 };
 
 namespace detail {
+/// A wait of call c on `peer` has been blocked for a sleep slice (on) or has ended (off): the
+/// rank's positions on its other communicators say so (flight.hpp installs it).
+inline void (*note_blocked_hook)(const call_info& c, int peer, bool on) noexcept = nullptr;
+
 /// Times one blocking wait of a transport on `peer` (-1: any of several) into the call's flight
 /// record (nothing when the record is off): `timed_wait tw(call, p);` before the wait, and
 /// either tw.hook() passed to wait_on, which starts the clock once its spin phase is over (a
@@ -331,6 +362,7 @@ class timed_wait {
   timed_wait(const call_info& c, int peer) noexcept : c_(c.rec != nullptr ? &c : nullptr), peer_(peer) {}
   ~timed_wait() {
     if (t0_ != 0) c_->waited(peer_, std::chrono::nanoseconds(wall_ns() - t0_));
+    if (noted_ && note_blocked_hook != nullptr) note_blocked_hook(*c_, peer_, false);
   }
   timed_wait(const timed_wait&) = delete;
   timed_wait& operator=(const timed_wait&) = delete;
@@ -340,7 +372,15 @@ class timed_wait {
     if (c_ == nullptr) return;
     const std::int64_t now = wall_ns();
     if (c_->rec->pos != nullptr) c_->rec->pos->alive_ns.store(now, std::memory_order_relaxed);
-    if (t0_ != 0) return;
+    if (t0_ != 0) {
+      // Blocked a sleep slice (start() comes again every slice): the rank's other
+      // communicators' positions say where it is stuck. Waits that short never pay for it.
+      if (!noted_ && now - t0_ >= std::chrono::nanoseconds(kSleepSlice).count() && note_blocked_hook != nullptr) {
+        noted_ = true;
+        note_blocked_hook(*c_, peer_, true);
+      }
+      return;
+    }
     c_->waiting(peer_);
     t0_ = now;
   }
@@ -351,6 +391,7 @@ class timed_wait {
   const call_info* c_;
   int peer_;
   std::int64_t t0_ = 0;
+  bool noted_ = false;
 };
 }  // namespace detail
 

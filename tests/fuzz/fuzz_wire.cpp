@@ -1,5 +1,5 @@
 // libFuzzer target: random bytes as the frames a tcp rank reads from a peer (message header,
-// hello, verdict, store reply, shrink hello and view). Every parser must reject or accept without reading out of
+// hello, verdict, store reply, shrink hello and view, position query and answer). Every parser must reject or accept without reading out of
 // bounds, and what it accepts must be safe to use: names terminated, sizes within the limits.
 #include <collx/transport/tcp/wire.hpp>
 
@@ -56,6 +56,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         if (f != 0 && f != 1) std::abort();
     } else if (why.empty()) {
       std::abort();
+    }
+  }
+  if (size >= sizeof(w::position_query)) {
+    const std::byte token[w::kTokenBytes] = {};
+    (void)w::check_query(std::span<const std::byte, sizeof(w::position_query)>(b, sizeof(w::position_query)), 1, 4, 9, token);
+  }
+  if (size >= sizeof(w::position_answer)) {
+    if (auto a = w::parse_answer(std::span<const std::byte, sizeof(w::position_answer)>(b, sizeof(w::position_answer)), 4)) {
+      if (a->waiting_for < -1 || a->waiting_for >= 4) std::abort();
+      for (const char* f : {a->name, a->else_comm, a->else_call})
+        for (int i = 0; i < 16; ++i)
+          if (f[i] != 0 && (static_cast<unsigned char>(f[i]) < 32 || static_cast<unsigned char>(f[i]) > 126)) std::abort();
     }
   }
   if (size >= sizeof(w::verdict)) (void)w::parse_verdict(std::span<const std::byte, sizeof(w::verdict)>(b, sizeof(w::verdict)));

@@ -150,10 +150,20 @@ inline std::int64_t wall_ns() noexcept { return fast_clock::now(); }
 /// signature.hpp). Relaxed stores, read without a lock: a torn read can only misreport.
 struct alignas(64) position {
   static constexpr std::uint64_t kNone = 0, kIn = 1, kDone = 2, kFailed = 3;
+  /// waiting_for of a peer whose position was asked and not given (tcp: tcp/positions.hpp):
+  /// it did not answer, or it is gone (its listener refused the connection).
+  static constexpr std::int32_t kSilent = -2, kGone = -3;
   std::atomic<std::uint64_t> seq_state{0};  // seq << 2 | kIn, kDone or kFailed (0: no call yet)
   std::atomic<std::int32_t> waiting_for{-1};
   std::atomic<std::uint64_t> name[2] = {};  // the collective's name, 16 chars
   std::atomic<std::int64_t> alive_ns{0};    // its last sign of life (wall_ns): a call's start, a blocked wait's slices
+  // Where the rank is blocked now on another communicator, for a sleep slice or more (0: it is
+  // not): that communicator's name and the call (16 chars each), its number, and the job rank
+  // it waits for (-1: any). A rank late here may be stuck there (flight.hpp, note_blocked).
+  std::atomic<std::uint64_t> else_comm[2] = {};
+  std::atomic<std::uint64_t> else_call[2] = {};
+  std::atomic<std::uint64_t> else_seq{0};
+  std::atomic<std::int32_t> else_waiting_job{-1};
 };
 
 /// What a recorder put on its rank's position (to put it back when a nested call ends).

@@ -12,6 +12,7 @@
 // Every socket is owned (net::fd) and closed on every path.
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -23,6 +24,7 @@
 #include "../error.hpp"
 #include "../split_plan.hpp"
 #include "tcp/config.hpp"
+#include "tcp/positions.hpp"
 #include "tcp/rendezvous.hpp"
 #include "tcp/shrink.hpp"
 #include "tcp/socket.hpp"
@@ -53,6 +55,7 @@ class tcp {
     crowded_ = r.crowded();
     listener_ = std::move(r.listener());
     net_ = tcp_detail::streams(std::move(r.peers()), r.crowded());
+    observe_positions();
   }
 
   /// Before a split (split_plan.hpp): a socket the new communicator's peers connect to, on the
@@ -93,6 +96,7 @@ class tcp {
       t.listener_ = std::move(r.listener());
       t.net_ = tcp_detail::streams(std::move(r.peers()), crowded_);
     }
+    t.observe_positions();
     return t;
   }
 
@@ -107,6 +111,7 @@ class tcp {
     t.crowded_ = crowded_;
     if (n_ == 1) {
       members = {0};
+      t.observe_positions();
       return t;
     }
     if (moved_from_ || !listener_)
@@ -114,12 +119,14 @@ class tcp {
     std::vector<std::string> where(static_cast<std::size_t>(n_));
     for (int p = 0; p < n_; ++p)
       if (p != rank_) where[std::size_t(p)] = net_.where(p);
-    tcp_detail::shrunk s = tcp_detail::shrinker(rank_, n_, job_, token_, std::move(where), listener_.get(), q, cfg_).run();
+    tcp_detail::shrunk s =
+        tcp_detail::shrinker(rank_, n_, job_, token_, std::move(where), listener_.get(), q, cfg_, net_.take_parked()).run();
     members = s.members;
     t.rank_ = int(std::find(members.begin(), members.end(), rank_) - members.begin());
     t.n_ = int(members.size());
     t.listener_ = std::move(s.listener);
     t.net_ = tcp_detail::streams(std::move(s.peers), crowded_);
+    t.observe_positions();
     return t;
   }
 
@@ -136,7 +143,8 @@ class tcp {
 
   tcp(tcp&& o) noexcept
       : rank_(o.rank_), n_(o.n_), job_(std::move(o.job_)), cfg_(std::move(o.cfg_)), token_(std::move(o.token_)),
-        crowded_(o.crowded_), listener_(std::move(o.listener_)), net_(std::move(o.net_)), moved_from_(false) {
+        crowded_(o.crowded_), listener_(std::move(o.listener_)), board_(std::move(o.board_)), net_(std::move(o.net_)),
+        moved_from_(false) {
     o.moved_from_ = true;
   }
   tcp& operator=(tcp&& o) noexcept {
@@ -149,6 +157,7 @@ class tcp {
       token_ = std::move(o.token_);
       crowded_ = o.crowded_;
       listener_ = std::move(o.listener_);
+      board_ = std::move(o.board_);
       net_ = std::move(o.net_);
       moved_from_ = false;
       o.moved_from_ = true;
@@ -165,6 +174,11 @@ class tcp {
   bool takes_pieces() const noexcept { return true; }
   /// Where peer p is (host:port), for messages and tests.
   std::string peer_address(int p) const { return net_.where(p); }
+  /// The desync report's board (signature.hpp, call_info::positions): this rank's position,
+  /// and its peers' once a timeout has asked them (tcp/positions.hpp).
+  detail::position_board positions() const noexcept {
+    return board_ ? detail::position_board{board_.get(), sizeof(detail::position), n_} : detail::position_board{};
+  }
 
   void exchange(std::span<const send_desc> sends, std::span<const recv_desc> recvs, const exchange_context& ctx) {
     net_.exchange(sends, recvs, ctx);
@@ -182,12 +196,26 @@ class tcp {
 
  private:
   tcp() = default;
+  /// The board, and this communicator's query point on its listener (tcp/positions.hpp).
+  void observe_positions() {
+    board_ = std::make_unique<detail::position[]>(std::size_t(n_));
+    if (!listener_) return;
+    auto qp = std::make_unique<tcp_detail::query_point>();
+    qp->listener = listener_.get();
+    qp->rank = rank_;
+    qp->size = n_;
+    qp->job = detail::fnv1a(job_);
+    qp->tok = tcp_detail::rendezvous::token_field(token_);
+    qp->own = &board_[std::size_t(rank_)];
+    net_.observe(tcp_detail::query_listing(std::move(qp)), board_.get());
+  }
   int rank_ = 0, n_ = 1;
   std::string job_;
   config cfg_;
   std::string token_;
   bool crowded_ = false;
-  net::fd listener_;  // where this rank accepted its peers: a shrink finds it there
+  net::fd listener_;  // where this rank accepted its peers: a shrink finds it there, a timeout's query too
+  std::unique_ptr<detail::position[]> board_;  // positions(); before net_, which points into it
   tcp_detail::streams net_;
   bool moved_from_ = false;
 };

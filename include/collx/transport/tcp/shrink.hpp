@@ -8,7 +8,8 @@
 // (its rank, the epoch, the communicator's job hash, the token). A rank whose process is gone
 // has no listener: the connection is refused (or reset, if it died with the connection
 // queued), and the rank is dead. A live rank that has not called shrink yet leaves the
-// connection in its listener's queue, and answers (a verdict) once it does. So after this
+// connection in its listener's queue (or, waiting in a call, sets it aside unread:
+// tcp/positions.hpp), and answers (a verdict) once it does. So after this
 // phase a survivor has heard every other rank answer, or knows it dead, or has reached its
 // deadline (a rank that stopped, or never calls shrink: counted lost; a rank that said hello
 // but never answered went on without this one, which then fails). Of the two connections
@@ -53,10 +54,10 @@ class shrinker {
   /// Rank `rank` of `n` of the communicator named `job` (its peers listen at where[q]; this rank
   /// at `listener`), for shrink request q.
   shrinker(int rank, int n, const std::string& job, const std::string& token, std::vector<std::string> where, int listener,
-           const shrink_request& q, const tcp_config& cfg)
+           const shrink_request& q, const tcp_config& cfg, std::vector<net::fd> parked = {})
       : me_(rank), n_(n), job_hash_(detail::fnv1a(job)), tok_(rendezvous::token_field(token)), where_(std::move(where)),
         listener_(listener), q_(q), cfg_(cfg), out_(std::size_t(n)), link_(std::size_t(n)), dead_(std::size_t(n), 0),
-        in_ok_(std::size_t(n), 0) {}
+        in_ok_(std::size_t(n), 0), parked_(std::move(parked)) {}
 
   shrunk run() {
     find();
@@ -125,6 +126,9 @@ class shrinker {
     for (int q = 0; q < n_; ++q)
       if (q != me_) start_connect(q);
     std::vector<in_conn> ins;
+    // Connections a wait of this rank accepted while it answered position queries, unread.
+    for (net::fd& f : parked_) ins.push_back({std::move(f), 0, {}, std::min(deadline, net::clock::now() + std::chrono::seconds(5))});
+    parked_.clear();
     std::vector<pollfd> pf;
     std::vector<int> who;  // what pf[i] is: -1 the listener, q < n_ out_[q], n_ + q link_[q], 2 n_ + k ins[k]
     std::vector<char> quiet(std::size_t(n_), 0);  // a link with data already (a peer in the next phase): not watched
@@ -336,6 +340,7 @@ class shrinker {
   std::vector<out_conn> out_;
   std::vector<net::fd> link_;  // the connection to each rank that stays (see the top)
   std::vector<char> dead_, in_ok_;
+  std::vector<net::fd> parked_;
   std::string mine_where_;
 };
 

@@ -47,6 +47,8 @@ class fd {
     if (f_ >= 0) ::close(f_);
     f_ = -1;
   }
+  /// Gives the descriptor up (the caller closes it).
+  int release() noexcept { return std::exchange(f_, -1); }
 
  private:
   int f_ = -1;

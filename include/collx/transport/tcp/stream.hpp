@@ -29,7 +29,9 @@
 // reset and throw errc::peer_lost naming it. A rank that fails sends an abort frame with its
 // reason where its stream is between frames; one that leaves normally sends a farewell, so a
 // peer still waiting learns that it made fewer calls. A peer that stops mid-message, or never
-// comes, runs the waiting ranks into their deadline: errc::timeout naming it.
+// comes, runs the waiting ranks into their deadline: errc::timeout naming it, and where the
+// other ranks are, asked of them (tcp/positions.hpp: a rank sleeping in this loop answers such
+// questions on every listener of its process).
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -47,6 +49,7 @@
 #include "../../error.hpp"
 #include "../../signature.hpp"
 #include "../deliver.hpp"
+#include "positions.hpp"
 #include "rendezvous.hpp"
 #include "socket.hpp"
 #include "wire.hpp"
@@ -72,6 +75,15 @@ class streams {
   }
 
   const std::string& where(int p) const { return peers_.at(std::size_t(p)).where; }
+
+  /// The desync report (tcp/positions.hpp): this communicator's query point, listed while it
+  /// lives, and its board (this rank's position, and the peers' once asked).
+  void observe(query_listing q, detail::position* board) {
+    qp_ = std::move(q);
+    board_ = board;
+  }
+  /// Connections to the listener that were not queries (a shrink's hellos), for shrink.
+  std::vector<net::fd> take_parked() { return qp_.take_parked(); }
   /// The socket of the connection to peer p (a split listens on the address it uses).
   int socket_of(int p) const { return peers_.at(std::size_t(p)).s.get(); }
   bool dead() const noexcept { return dead_; }
@@ -321,10 +333,21 @@ class streams {
     // A stretch without progress is a wait on the first pending peer (the flight record's).
     net::clock::time_point idle_since{};
     int idle_peer = -1;
+    bool noted = false;  // note_blocked (flight.hpp) told of this wait
+    struct unnote {
+      const call_info& c;
+      const bool& noted;
+      const int& peer;
+      ~unnote() {
+        if (noted && detail::note_blocked_hook != nullptr) detail::note_blocked_hook(c, peer, false);
+      }
+    } const unnoted{call, noted, idle_peer};
     auto end_idle = [&](net::clock::time_point at) {
       if (idle_since == net::clock::time_point{}) return;
       call.waited(idle_peer, at - idle_since);
       idle_since = {};
+      if (noted && detail::note_blocked_hook != nullptr) detail::note_blocked_hook(call, idle_peer, false);
+      noted = false;
     };
     while (pending != 0) {
       if (advance()) {
@@ -347,7 +370,14 @@ class streams {
         end_idle(now);
         const char* what = "";
         const int p = first_pending(what);
+        ask_peers(call);
         call.timed_out(p, what);
+      }
+      // Blocked a sleep slice: the rank's other communicators say where it is stuck.
+      if (idle_since != net::clock::time_point{} && !noted && now - idle_since >= detail::kSleepSlice &&
+          detail::note_blocked_hook != nullptr) {
+        noted = true;
+        detail::note_blocked_hook(call, idle_peer, true);
       }
       // A rank that failed told every peer why (an abort frame), also those not waiting for it
       // in this step: look, so that a failure anywhere ends the wait everywhere.
@@ -365,11 +395,14 @@ class streams {
       for (std::size_t i = 0; i < recvs.size(); ++i)
         if (rs_[i].phase != recv_phase::done && first_to(recvs, rs_, i))
           pfd_.push_back({peers_[std::size_t(recvs[i].peer)].s.get(), POLLIN, 0});
+      const std::size_t listeners = pfd_.size();  // and where position queries come (tcp/positions.hpp)
+      if (qp_) add_listeners(pfd_);
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(call.timeout - (now - last_move)).count();
       ::poll(pfd_.data(), pfd_.size(), int(std::clamp<long long>(left + 1, 1, detail::kSleepSlice.count())));
+      if (qp_) serve_listeners(pfd_, listeners);
       // poll() reports readiness, hang-ups and errors alike: the next advance() finds out which.
-      for (const pollfd& f : pfd_)
-        if (f.revents != 0) last_move = std::max(last_move, now);
+      for (std::size_t i = 0; i < listeners; ++i)
+        if (pfd_[i].revents != 0) last_move = std::max(last_move, now);
     }
   }
 
@@ -417,13 +450,19 @@ class streams {
         detail::cpu_relax();
         continue;
       }
-      if (now - start >= call.timeout) call.timed_out_any(peers);
+      if (now - start >= call.timeout) {
+        ask_peers(call);
+        call.timed_out_any(peers);
+      }
       scan_aborts(call);  // a failure anywhere ends the wait
       pfd_.clear();
       for (int q : peers)
         if (const peer& p = peers_[std::size_t(q)]; p.s && !p.left && !p.have && !p.mid_recv) pfd_.push_back({p.s.get(), POLLIN, 0});
+      const std::size_t listeners = pfd_.size();
+      if (qp_) add_listeners(pfd_);
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(call.timeout - (now - start)).count();
       ::poll(pfd_.data(), pfd_.size(), int(std::clamp<long long>(left + 1, 1, detail::kSleepSlice.count())));
+      if (qp_) serve_listeners(pfd_, listeners);
     }
   }
 
@@ -545,6 +584,15 @@ class streams {
     return true;
   }
 
+  /// Before a timeout's message: the peers' positions, asked of them (tcp/positions.hpp), onto
+  /// the board the message reads.
+  void ask_peers(const call_info& call) {
+    if (!qp_ || board_ == nullptr || call.board.base != board_) return;
+    std::vector<std::string> where(peers_.size());
+    for (std::size_t q = 0; q < peers_.size(); ++q) where[q] = peers_[q].where;
+    ask_positions(*qp_.get(), where, board_, std::chrono::milliseconds(300));
+  }
+
   /// A rank whose transport failed or left takes part in no more calls.
   void check_live(const call_info& call) const {
     if (dead_) call.fail(errc::peer_lost, "the tcp transport of this rank already failed: " + dead_why_);
@@ -598,6 +646,8 @@ class streams {
   std::vector<recv_state> rs_;
   std::vector<std::vector<std::byte>> bounce_;
   std::vector<pollfd> pfd_;
+  query_listing qp_;                  // the desync report's (observe)
+  detail::position* board_ = nullptr;
 };
 
 }  // namespace collx::transport::tcp_detail

@@ -22,6 +22,10 @@
 //            payload); only then does the data frame follow.
 //   store    request: magic "CXS1", op, key length, value length, key, value
 //            reply:   magic "CXT1", status, value length, value
+//   position (the desync report: tcp/positions.hpp) on a new connection to a rank's listener:
+//            query:  magic "CXQ1", version, rank, size, job hash, token[64]       (88 bytes)
+//            answer: magic "CXP1", version, its position on that communicator: seq_state,
+//                    waiting_for, name[16], and where it is blocked elsewhere       (88 bytes)
 //   shrink   (communicator::shrink: tcp/shrink.hpp) on a new connection to a rank's listener:
 //            hello: magic "CXK1", version, rank, size, epoch, 0, job hash, token[64] (96 bytes),
 //            answered by a verdict; then on the survivors' connections, rounds of
@@ -46,7 +50,8 @@ constexpr std::uint32_t fourcc(const char (&s)[5]) {
 
 inline constexpr std::uint32_t kHelloMagic = fourcc("CXH1"), kVerdictMagic = fourcc("CXV1"), kMsgMagic = fourcc("CXM1"),
                                kStoreReqMagic = fourcc("CXS1"), kStoreRepMagic = fourcc("CXT1"),
-                               kShrinkHelloMagic = fourcc("CXK1"), kShrinkViewMagic = fourcc("CXW1");
+                               kShrinkHelloMagic = fourcc("CXK1"), kShrinkViewMagic = fourcc("CXW1"),
+                               kQueryMagic = fourcc("CXQ1"), kAnswerMagic = fourcc("CXP1");
 inline constexpr std::uint32_t kVersion = 2;  // 2: the call signature carries the entry time (flight recorder)
 /// A job token: up to this many bytes (COLLX_JOB_TOKEN, or 64 hex digits made by rank 0).
 inline constexpr std::size_t kTokenBytes = 64;
@@ -113,6 +118,55 @@ inline std::optional<verdict_code> parse_verdict(std::span<const std::byte, size
   std::memcpy(&v, raw.data(), sizeof v);
   if (v.magic != kVerdictMagic || v.code > std::uint32_t(verdict_code::bad_epoch)) return std::nullopt;
   return verdict_code(v.code);
+}
+
+// ---- position query ---------------------------------------------------------------------------
+
+struct position_query {
+  std::uint32_t magic = kQueryMagic;
+  std::uint32_t version = kVersion;
+  std::uint32_t rank = 0;
+  std::uint32_t size = 0;
+  std::uint64_t job = 0;  // hash of the communicator's job name
+  std::byte token[kTokenBytes] = {};
+};
+static_assert(sizeof(position_query) == 88);
+
+/// Whether a query is for the communicator (job hash `job`, `size` ranks, `token`) that
+/// `my_rank` is a rank of.
+inline bool check_query(std::span<const std::byte, sizeof(position_query)> raw, int my_rank, int my_size, std::uint64_t job,
+                        std::span<const std::byte> token) {
+  position_query q;
+  std::memcpy(&q, raw.data(), sizeof q);
+  return q.magic == kQueryMagic && q.version == kVersion && same_token({q.token, kTokenBytes}, token) && q.job == job &&
+         q.size == std::uint32_t(my_size) && q.rank < std::uint32_t(my_size) && int(q.rank) != my_rank;
+}
+
+struct position_answer {
+  std::uint32_t magic = kAnswerMagic;
+  std::uint32_t version = kVersion;
+  std::uint64_t seq_state = 0;
+  std::int32_t waiting_for = -1;
+  std::int32_t else_waiting_job = -1;
+  char name[16] = {};
+  char else_comm[16] = {};
+  char else_call[16] = {};
+  std::uint64_t else_seq = 0;
+  std::uint64_t reserved = 0;
+};
+static_assert(sizeof(position_answer) == 88);
+
+/// An answer read back: nullopt when it is not one. Its names come back printable (anything
+/// else is replaced), its ranks within [-1, size).
+inline std::optional<position_answer> parse_answer(std::span<const std::byte, sizeof(position_answer)> raw, int size) {
+  position_answer a;
+  std::memcpy(&a, raw.data(), sizeof a);
+  if (a.magic != kAnswerMagic || a.version != kVersion) return std::nullopt;
+  if (a.waiting_for < -1 || a.waiting_for >= size || a.else_waiting_job < -1) return std::nullopt;
+  for (char* f : {a.name, a.else_comm, a.else_call})
+    for (int i = 0; i < 16; ++i)
+      if (f[i] != 0 && (static_cast<unsigned char>(f[i]) < 32 || static_cast<unsigned char>(f[i]) > 126)) f[i] = '?';
+  return a;
 }
 
 // ---- shrink -----------------------------------------------------------------------------------

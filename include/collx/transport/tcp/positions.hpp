@@ -1,0 +1,272 @@
+#pragma once
+// The desync report over tcp: where the other ranks are, asked of them when a rank times out.
+//
+// tcp ranks share no memory, so no rank can read another's position (detail::position) as over
+// threads and shm. Instead each communicator's listening socket (kept for shrink) answers
+// queries: a rank that times out connects to every peer's listener, sends a query (the
+// communicator's hash and the job's token), and the peer answers with its position on that
+// communicator and where it is blocked on another, if it is. A rank answers while it is
+// blocked in a collx call over tcp on any communicator (its poll loop watches every listener of
+// its process: query_registry), which is when it matters: a rank busy in its own code, or
+// stopped, does not answer ("did not answer"), and a dead one refuses the connection ("gone").
+// A connection that is not a query (a shrink's hello) is left unread, set aside for shrink.
+// Nothing of it is on the path of a call that does not wait: the listeners join the poll only
+// once a rank sleeps.
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "../../detail/flight_record.hpp"
+#include "socket.hpp"
+#include "wire.hpp"
+
+namespace collx::transport::tcp_detail {
+
+/// One communicator's listener, as this process answers position queries on it.
+struct query_point {
+  int listener = -1;
+  int rank = 0, size = 1;
+  std::uint64_t job = 0;
+  std::array<std::byte, tcp_wire::kTokenBytes> tok{};
+  const detail::position* own = nullptr;  // this rank's position on the communicator
+  std::vector<int> parked;                // connections that were not queries (a shrink's hellos), for shrink
+};
+
+/// Every query point of this process. Never destroyed (a communicator may outlive statics).
+struct query_registry {
+  std::mutex mu;
+  std::vector<query_point*> all;
+  static query_registry& get() {
+    static query_registry* r = new query_registry;
+    return *r;
+  }
+};
+
+/// A query point, listed for as long as it lives.
+class query_listing {
+ public:
+  static constexpr std::size_t kMaxParked = 64;
+
+  query_listing() = default;
+  explicit query_listing(std::unique_ptr<query_point> p) : p_(std::move(p)) {
+    auto& r = query_registry::get();
+    std::lock_guard g(r.mu);
+    r.all.push_back(p_.get());
+  }
+  query_listing(query_listing&& o) noexcept : p_(std::move(o.p_)) {}
+  query_listing& operator=(query_listing&& o) noexcept {
+    if (this != &o) {
+      drop();
+      p_ = std::move(o.p_);
+    }
+    return *this;
+  }
+  ~query_listing() { drop(); }
+  explicit operator bool() const noexcept { return p_ != nullptr; }
+  const query_point* get() const noexcept { return p_.get(); }
+
+  /// The connections set aside for shrink (tcp/shrink.hpp reads their hellos).
+  std::vector<net::fd> take_parked() {
+    std::vector<net::fd> out;
+    if (!p_) return out;
+    auto& r = query_registry::get();
+    std::lock_guard g(r.mu);
+    for (int f : p_->parked) out.emplace_back(f);
+    p_->parked.clear();
+    return out;
+  }
+
+ private:
+  void drop() noexcept {
+    if (!p_) return;
+    {
+      auto& r = query_registry::get();
+      std::lock_guard g(r.mu);
+      r.all.erase(std::remove(r.all.begin(), r.all.end(), p_.get()), r.all.end());
+    }
+    for (int f : p_->parked) ::close(f);
+    p_.reset();
+  }
+  std::unique_ptr<query_point> p_;
+};
+
+/// What `own` says, as an answer.
+inline tcp_wire::position_answer answer_of(const detail::position& p) {
+  tcp_wire::position_answer a;
+  a.seq_state = p.seq_state.load(std::memory_order_relaxed);
+  a.waiting_for = p.waiting_for.load(std::memory_order_relaxed);
+  const std::uint64_t n[2] = {p.name[0].load(std::memory_order_relaxed), p.name[1].load(std::memory_order_relaxed)};
+  std::memcpy(a.name, n, sizeof a.name);
+  a.else_seq = p.else_seq.load(std::memory_order_relaxed);
+  if (a.else_seq != 0) {
+    const std::uint64_t c[2] = {p.else_comm[0].load(std::memory_order_relaxed), p.else_comm[1].load(std::memory_order_relaxed)};
+    const std::uint64_t l[2] = {p.else_call[0].load(std::memory_order_relaxed), p.else_call[1].load(std::memory_order_relaxed)};
+    std::memcpy(a.else_comm, c, sizeof a.else_comm);
+    std::memcpy(a.else_call, l, sizeof a.else_call);
+    a.else_waiting_job = p.else_waiting_job.load(std::memory_order_relaxed);
+  }
+  return a;
+}
+
+/// A connection accepted on p's listener: a query is answered (it arrives with the
+/// connection: 20 ms at most are given to it) and closed; anything else is set aside, unread.
+inline void serve_one(query_point& p, net::fd s) {
+  tcp_wire::position_query q;
+  const auto until = net::clock::now() + std::chrono::milliseconds(20);
+  ssize_t got = 0;
+  for (;;) {
+    got = ::recv(s.get(), &q, sizeof q, MSG_PEEK | MSG_DONTWAIT);
+    if (got == ssize_t(sizeof q) || got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) break;
+    if (got >= 4 && q.magic != tcp_wire::kQueryMagic) break;
+    if (net::clock::now() >= until) break;
+    pollfd f{s.get(), POLLIN, 0};
+    ::poll(&f, 1, 5);
+  }
+  if (got == ssize_t(sizeof q) && q.magic == tcp_wire::kQueryMagic) {
+    (void)!::recv(s.get(), &q, sizeof q, MSG_DONTWAIT);
+    if (tcp_wire::check_query(std::span<const std::byte, sizeof q>(reinterpret_cast<const std::byte*>(&q), sizeof q), p.rank, p.size,
+                              p.job, p.tok) &&
+        p.own != nullptr) {
+      const tcp_wire::position_answer a = answer_of(*p.own);
+      (void)net::write_all(s.get(), &a, sizeof a, net::clock::now() + std::chrono::milliseconds(50));
+    }
+    return;  // closed
+  }
+  if (got == 0) return;  // closed before it said anything
+  if (p.parked.size() < query_listing::kMaxParked) p.parked.push_back(s.release());
+}
+
+/// Appends every listener of this process to `pfd` (watched for POLLIN).
+inline void add_listeners(std::vector<pollfd>& pfd) {
+  auto& r = query_registry::get();
+  std::lock_guard g(r.mu);
+  for (const query_point* p : r.all)
+    if (p->listener >= 0) pfd.push_back({p->listener, POLLIN, 0});
+}
+
+/// After poll: serves the listeners among pfd[from..] that have connections waiting.
+inline void serve_listeners(const std::vector<pollfd>& pfd, std::size_t from) {
+  bool any = false;
+  for (std::size_t i = from; i < pfd.size(); ++i) any = any || pfd[i].revents != 0;
+  if (!any) return;
+  auto& r = query_registry::get();
+  std::lock_guard g(r.mu);
+  for (std::size_t i = from; i < pfd.size(); ++i) {
+    if (pfd[i].revents == 0) continue;
+    const auto it = std::find_if(r.all.begin(), r.all.end(), [&](const query_point* p) { return p->listener == pfd[i].fd; });
+    if (it == r.all.end()) continue;  // gone meanwhile
+    for (;;) {
+      const int f = ::accept4(pfd[i].fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (f < 0) break;
+      serve_one(**it, net::fd(f));
+    }
+  }
+}
+
+/// Asks every peer of `me`'s communicator (listening at where[q]) where it is, within `budget`
+/// for all, answering queries meanwhile (a peer that times out at the same moment asks this
+/// rank), and writes what each says into board[q]; one that refuses the connection is marked
+/// detail::position::kGone, one that does not answer kSilent (in waiting_for).
+inline void ask_positions(const query_point& me, const std::vector<std::string>& where, detail::position* board,
+                          std::chrono::milliseconds budget) {
+  struct asking {
+    int q;
+    net::fd s;
+    bool sent = false;
+    std::size_t got = 0;
+    tcp_wire::position_answer a;
+  };
+  const auto until = net::clock::now() + budget;
+  std::vector<asking> ask;
+  auto mark = [&](int q, std::int32_t how) {
+    board[q].seq_state.store(0, std::memory_order_relaxed);
+    board[q].else_seq.store(0, std::memory_order_relaxed);
+    board[q].waiting_for.store(how, std::memory_order_relaxed);
+  };
+  for (int q = 0; q < me.size; ++q) {
+    if (q == me.rank) continue;
+    mark(q, detail::position::kSilent);
+    net::address a;
+    try {
+      a = net::parse_host_port(where[std::size_t(q)]);
+    } catch (const std::exception&) {
+      continue;
+    }
+    net::fd s(::socket(a.family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!s) continue;
+    if (::connect(s.get(), a.sa(), a.len) != 0 && errno != EINPROGRESS) {
+      mark(q, detail::position::kGone);
+      continue;
+    }
+    ask.push_back(asking{q, std::move(s), false, 0, {}});
+  }
+  tcp_wire::position_query query;
+  query.rank = std::uint32_t(me.rank);
+  query.size = std::uint32_t(me.size);
+  query.job = me.job;
+  std::memcpy(query.token, me.tok.data(), me.tok.size());
+  std::vector<pollfd> pf;
+  std::vector<int> answered;
+  while (!ask.empty() && net::clock::now() < until) {
+    pf.clear();
+    for (const asking& k : ask) pf.push_back({k.s.get(), short(k.sent ? POLLIN : POLLOUT), 0});
+    const std::size_t from = pf.size();
+    add_listeners(pf);
+    ::poll(pf.data(), pf.size(), net::ms_until(until));
+    serve_listeners(pf, from);
+    for (std::size_t i = 0; i < from; ++i) {
+      asking& k = ask[i];
+      if (pf[i].revents == 0) continue;
+      if (!k.sent) {
+        int err = 0;
+        socklen_t el = sizeof err;
+        getsockopt(k.s.get(), SOL_SOCKET, SO_ERROR, &err, &el);
+        if (err != 0 || net::write_all(k.s.get(), &query, sizeof query, net::clock::now() + std::chrono::milliseconds(50)) != net::io::ok) {
+          if (err != 0) mark(k.q, detail::position::kGone);
+          k.s.reset();
+          continue;
+        }
+        k.sent = true;
+        continue;
+      }
+      const ssize_t r = ::recv(k.s.get(), reinterpret_cast<char*>(&k.a) + k.got, sizeof k.a - k.got, MSG_DONTWAIT);
+      if (r > 0) k.got += std::size_t(r);
+      else if (r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) k.s.reset();
+      if (k.got < sizeof k.a) continue;
+      const auto a = tcp_wire::parse_answer(std::span<const std::byte, sizeof k.a>(reinterpret_cast<const std::byte*>(&k.a), sizeof k.a), me.size);
+      k.s.reset();
+      if (!a) continue;
+      detail::position& p = board[k.q];
+      std::uint64_t w[2];
+      std::memcpy(w, a->name, sizeof w);
+      p.name[0].store(w[0], std::memory_order_relaxed);
+      p.name[1].store(w[1], std::memory_order_relaxed);
+      std::memcpy(w, a->else_comm, sizeof w);
+      p.else_comm[0].store(w[0], std::memory_order_relaxed);
+      p.else_comm[1].store(w[1], std::memory_order_relaxed);
+      std::memcpy(w, a->else_call, sizeof w);
+      p.else_call[0].store(w[0], std::memory_order_relaxed);
+      p.else_call[1].store(w[1], std::memory_order_relaxed);
+      p.else_waiting_job.store(a->else_waiting_job, std::memory_order_relaxed);
+      p.else_seq.store(a->else_seq, std::memory_order_relaxed);
+      p.waiting_for.store(a->waiting_for, std::memory_order_relaxed);
+      p.seq_state.store(a->seq_state, std::memory_order_relaxed);
+      answered.push_back(k.q);
+    }
+    std::erase_if(ask, [](const asking& k) { return !k.s; });
+  }
+  // It answered: alive (as of now, not of the answer: the report reads this after the wait
+  // for the others, which must not make it look silent).
+  const std::int64_t now = detail::wall_ns();
+  for (int q : answered) board[q].alive_ns.store(now, std::memory_order_relaxed);
+}
+
+}  // namespace collx::transport::tcp_detail
