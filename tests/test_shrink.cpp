@@ -330,6 +330,20 @@ TEST_CASE("shrink over processes: 8 ranks, one SIGKILLed mid-step, the others sh
   }
 }
 
+TEST_CASE("shrink over processes: 3 and 5 ranks, one SIGKILLed mid-step, the others shrink and finish", "[processes]") {
+  for (const char* t : {"shm", "tcp"}) {
+    for (int n : {3, 5}) {
+      INFO(t << ", " << n << " ranks");
+      loop_plan p;
+      p.steps = 12;
+      p.victims = {n / 2};
+      p.kill_steps = {5};
+      p.seed = std::uint64_t(n);
+      process_run(t, p, n);
+    }
+  }
+}
+
 TEST_CASE("shrink over processes: 8 ranks, two SIGKILLed, in one step or in two, the others finish", "[processes]") {
   for (const char* t : {"shm", "tcp"}) {
     INFO(t << ": two in one step");
