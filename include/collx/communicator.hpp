@@ -18,6 +18,8 @@
 #include <vector>
 
 #include <array>
+#include <mutex>
+#include <algorithm>
 #include <memory>
 #include <unordered_map>
 
@@ -200,8 +202,17 @@ class communicator {
     c.s_ = std::make_unique<state>(std::move(t), s_->opts);
     c.s_->id = std::move(id);
     c.s_->bind_observers(s_->id.is_job() ? "world" : s_->id.name);
+    c.s_->in = s_->kids;
+    std::lock_guard g(s_->kids->mu);
+    s_->kids->all.push_back(c.s_.get());
     return c;
   }
+
+  /// shrink's revoke (split.hpp) of the communicators made from this one (split from it, shrunk
+  /// from it, and theirs): their transports fail with `why`, so a peer waiting in a call on
+  /// one of them, for a rank that has gone to shrink, fails at once and comes to the shrink. A
+  /// communicator whose own call runs on another thread now is left to fail by itself.
+  void revoke_children(const std::string& why) { s_->revoke_children(why); }
 
  private:
   // aligned storage: max_align_t-sized elements
@@ -217,9 +228,19 @@ class communicator {
       return data();
     }
   };
+  struct state;
+  /// A communicator's children (made from it by split or shrink), for the revoke of shrink.
+  struct family {
+    std::mutex mu;
+    std::vector<state*> all;
+  };
   struct state {
     state(T x, options o) : t(std::move(x)), opts(o), uncaught(std::uncaught_exceptions()) {}
     ~state() {
+      if (in) {
+        std::lock_guard g(in->mu);
+        in->all.erase(std::remove(in->all.begin(), in->all.end(), this), in->all.end());
+      }
       queue.shutdown();  // outstanding calls finish before the transport goes
       // Gone because an error is leaving its scope (a call on another communicator of this
       // rank failed, or the rank's own code threw): its peers learn that this rank failed,
@@ -229,6 +250,14 @@ class communicator {
                 " went with an error leaving its scope on " + id.rank_name(t.rank()) +
                 (detail::tl_last_error.empty() ? std::string(" (its own code threw)")
                                                : ": its last failed call: " + detail::tl_last_error));
+    }
+    void revoke_children(const std::string& why) {
+      std::lock_guard g(kids->mu);  // a child going meanwhile waits (its destructor takes it)
+      for (state* c : kids->all)
+        (void)c->queue.run_if_idle([&] {
+          c->t.abort(why);
+          c->revoke_children(why);
+        });
     }
     /// The flight recorder and the debug output, as the communicator is made (`parent`: the
     /// name of the communicator it was split from, "" for the job's own).
@@ -267,6 +296,8 @@ class communicator {
     std::uint64_t empty = 0;
     std::uint32_t splits = 0;
     std::uint32_t shrinks = 0;
+    std::shared_ptr<family> kids = std::make_shared<family>();  // made from this one
+    std::shared_ptr<family> in;  // the family this one is in (its parent's), if any
     comm_identity id;
     std::string uid;  // unique among the job's communicators ("" for the job's own): split_plan::id
     automatic_state auto_;

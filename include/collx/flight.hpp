@@ -181,13 +181,17 @@ class flight_recorder {
   void mark_elsewhere(int job_rank, const call_info& c, int peer, bool on) noexcept {
     std::lock_guard g(mu_);
     if (pos_ == nullptr || id_ == nullptr || id_ == c.comm || job_rank_locked() != job_rank) return;
-    if (!on) {
-      pos_->else_seq.store(0, std::memory_order_relaxed);
+    const std::uint64_t seq = c.sig.seq == 0 ? 1 : c.sig.seq;
+    std::uint64_t w[2] = {};
+    const bool job = c.comm == nullptr || c.comm->is_job();
+    const char* name = job ? "world" : c.comm->name.c_str();
+    std::memcpy(w, name, std::min(std::strlen(name), sizeof w));
+    if (!on) {  // only its own note (another thread of the rank may be blocked on a third one)
+      if (pos_->else_seq.load(std::memory_order_relaxed) == seq && pos_->else_comm[0].load(std::memory_order_relaxed) == w[0] &&
+          pos_->else_comm[1].load(std::memory_order_relaxed) == w[1])
+        pos_->else_seq.store(0, std::memory_order_relaxed);
       return;
     }
-    std::uint64_t w[2] = {};
-    const std::string name = c.comm == nullptr || c.comm->is_job() ? std::string("world") : c.comm->name;
-    std::memcpy(w, name.data(), std::min(name.size(), sizeof w));
     pos_->else_comm[0].store(w[0], std::memory_order_relaxed);
     pos_->else_comm[1].store(w[1], std::memory_order_relaxed);
     static_assert(sizeof c.sig.collective == sizeof w);
@@ -195,7 +199,7 @@ class flight_recorder {
     pos_->else_call[0].store(w[0], std::memory_order_relaxed);
     pos_->else_call[1].store(w[1], std::memory_order_relaxed);
     pos_->else_waiting_job.store(peer < 0 ? -1 : (c.comm == nullptr ? peer : c.comm->job_rank(peer)), std::memory_order_relaxed);
-    pos_->else_seq.store(c.sig.seq == 0 ? 1 : c.sig.seq, std::memory_order_relaxed);
+    pos_->else_seq.store(seq, std::memory_order_relaxed);
   }
   std::size_t capacity() const noexcept { return cap(); }
   /// The job rank of this communicator's own rank (any thread may ask: a dump does).

@@ -100,8 +100,12 @@ communicator<T> communicator<T>::shrink(const std::string& name) {
   // Revoked first (MPI_Comm_revoke): ranks still in a call on it, waiting for this one, fail
   // now and come to the shrink, instead of at their deadline, when the others may have
   // decided without them.
-  transport().abort(q.what + " revoked it" +
-                    (detail::tl_last_error.empty() ? std::string() : " (this rank's last failed call: " + detail::tl_last_error + ")"));
+  const std::string why = q.what + " revoked it" +
+                          (detail::tl_last_error.empty() ? std::string() : " (this rank's last failed call: " + detail::tl_last_error + ")");
+  transport().abort(why);
+  // And the communicators made from it (a data-parallel group split from the job's): a peer
+  // blocked in one of them, waiting for this rank, comes to the shrink too.
+  revoke_children(why);
   std::vector<int> members;
   const auto began = std::chrono::steady_clock::now();
   T t = transport().shrink(q, members);

@@ -112,6 +112,20 @@ class call_queue {
     std::unique_lock<std::mutex> ex_;
   };
 
+  /// Runs f() as this communicator's calls run (holding its turn) if no call of it runs on
+  /// another thread now; false, without running it, if one does.
+  template <class F>
+  bool run_if_idle(F&& f) {
+    if (tl_running == this) {
+      f();
+      return true;
+    }
+    std::unique_lock ex(exec_, std::try_to_lock);
+    if (!ex.owns_lock()) return false;
+    f();
+    return true;
+  }
+
   /// When a lingering progress thread first looks at the queue again, and for how long after its
   /// last call it lingers before it sleeps until woken.
   static constexpr std::chrono::microseconds kPoll{50};

@@ -180,7 +180,10 @@ class shm {
       const std::uint32_t bell = me().doorbell.word.load(std::memory_order_seq_cst);
       bool all = true;
       for (int r = 0; r < n_ && all; ++r) all = rc(r).shrink_joined.load(std::memory_order_seq_cst) >= epoch || !alive(r);
-      if (all || std::chrono::steady_clock::now() >= deadline) decide_shrink(epoch, alive);
+      const auto now = std::chrono::steady_clock::now();
+      // A decider that took the lock and then stopped (SIGSTOP, a debugger) is taken over from
+      // once a second deadline has passed: no wait here is without one.
+      if (all || now >= deadline) decide_shrink(epoch, alive, now >= deadline + q.timeout);
       if (hdr().shrink_done.load(std::memory_order_acquire) < epoch)
         detail::futex_wait(me().doorbell.word, bell, std::chrono::milliseconds(20), true);
     }
@@ -723,16 +726,19 @@ class shm {
   /// shrink(): takes the header's shrink_lock for `epoch` (from a decider that died, too) and
   /// writes every rank's verdict: kept when it joined and its process lives.
   template <class Alive>
-  void decide_shrink(std::uint32_t epoch, Alive& alive) {
+  void decide_shrink(std::uint32_t epoch, Alive& alive, bool take_over_live) {
     using namespace shm_layout;
     std::uint64_t cur = hdr().shrink_lock.load(std::memory_order_seq_cst);
     for (;;) {
       if ((cur >> 32) >= epoch) {
         const int owner = int(cur & 0xffffffffu) - 1;
-        if (owner == rank_ || (owner >= 0 && owner < n_ && alive(owner))) return;  // it decides
+        if (owner == rank_ || (owner >= 0 && owner < n_ && alive(owner) && !take_over_live)) return;  // it decides
       }
       if (hdr().shrink_lock.compare_exchange_strong(cur, (std::uint64_t(epoch) << 32) | std::uint32_t(rank_ + 1))) break;
     }
+    // A decision published meanwhile (by the owner taken over from, just before it died) stands:
+    // some rank may have read it.
+    if (hdr().shrink_done.load(std::memory_order_seq_cst) >= epoch) return;
     for (int r = 0; r < n_; ++r)
       rc(r).shrink_in.store(rc(r).shrink_joined.load(std::memory_order_seq_cst) >= epoch && alive(r) ? epoch : 0,
                             std::memory_order_seq_cst);

@@ -156,9 +156,11 @@ class tcp {
       cfg_ = std::move(o.cfg_);
       token_ = std::move(o.token_);
       crowded_ = o.crowded_;
-      listener_ = std::move(o.listener_);
-      board_ = std::move(o.board_);
+      // net_ first: its query point (on this listener, pointing into this board) is unlisted
+      // before either goes
       net_ = std::move(o.net_);
+      board_ = std::move(o.board_);
+      listener_ = std::move(o.listener_);
       moved_from_ = false;
       o.moved_from_ = true;
     }

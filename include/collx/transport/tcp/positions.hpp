@@ -38,6 +38,16 @@ struct query_point {
   std::array<std::byte, tcp_wire::kTokenBytes> tok{};
   const detail::position* own = nullptr;  // this rank's position on the communicator
   std::vector<int> parked;                // connections that were not queries (a shrink's hellos), for shrink
+  struct pending_conn {
+    int fd;
+    net::clock::time_point since;
+  };
+  std::vector<pending_conn> pending;      // accepted, nothing read yet: looked at again as bytes come
+  bool shrinking = false;                 // its shrink has begun: the shrink alone accepts on it now
+  net::clock::time_point quiet_until{};   // accept failed (out of descriptors): left alone until then
+  /// At most this many set aside: every peer's shrink hello fits, and past it connections stay
+  /// in the listener's queue (never closed unread: a closed hello reads as a dead rank).
+  std::size_t max_parked() const noexcept { return std::size_t(4 * size + 16); }
 };
 
 /// Every query point of this process. Never destroyed (a communicator may outlive statics).
@@ -53,8 +63,6 @@ struct query_registry {
 /// A query point, listed for as long as it lives.
 class query_listing {
  public:
-  static constexpr std::size_t kMaxParked = 64;
-
   query_listing() = default;
   explicit query_listing(std::unique_ptr<query_point> p) : p_(std::move(p)) {
     auto& r = query_registry::get();
@@ -73,14 +81,18 @@ class query_listing {
   explicit operator bool() const noexcept { return p_ != nullptr; }
   const query_point* get() const noexcept { return p_.get(); }
 
-  /// The connections set aside for shrink (tcp/shrink.hpp reads their hellos).
+  /// The connections set aside for shrink (tcp/shrink.hpp reads their hellos); from now on no
+  /// wait of this process accepts on this listener (the shrink does).
   std::vector<net::fd> take_parked() {
     std::vector<net::fd> out;
     if (!p_) return out;
     auto& r = query_registry::get();
     std::lock_guard g(r.mu);
+    p_->shrinking = true;
     for (int f : p_->parked) out.emplace_back(f);
+    for (const auto& c : p_->pending) out.emplace_back(c.fd);
     p_->parked.clear();
+    p_->pending.clear();
     return out;
   }
 
@@ -93,6 +105,7 @@ class query_listing {
       r.all.erase(std::remove(r.all.begin(), r.all.end(), p_.get()), r.all.end());
     }
     for (int f : p_->parked) ::close(f);
+    for (const auto& c : p_->pending) ::close(c.fd);
     p_.reset();
   }
   std::unique_ptr<query_point> p_;
@@ -116,57 +129,96 @@ inline tcp_wire::position_answer answer_of(const detail::position& p) {
   return a;
 }
 
-/// A connection accepted on p's listener: a query is answered (it arrives with the
-/// connection: 20 ms at most are given to it) and closed; anything else is set aside, unread.
-inline void serve_one(query_point& p, net::fd s) {
-  tcp_wire::position_query q;
-  const auto until = net::clock::now() + std::chrono::milliseconds(20);
-  ssize_t got = 0;
-  for (;;) {
-    got = ::recv(s.get(), &q, sizeof q, MSG_PEEK | MSG_DONTWAIT);
-    if (got == ssize_t(sizeof q) || got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) break;
-    if (got >= 4 && q.magic != tcp_wire::kQueryMagic) break;
-    if (net::clock::now() >= until) break;
-    pollfd f{s.get(), POLLIN, 0};
-    ::poll(&f, 1, 5);
-  }
-  if (got == ssize_t(sizeof q) && q.magic == tcp_wire::kQueryMagic) {
-    (void)!::recv(s.get(), &q, sizeof q, MSG_DONTWAIT);
-    if (tcp_wire::check_query(std::span<const std::byte, sizeof q>(reinterpret_cast<const std::byte*>(&q), sizeof q), p.rank, p.size,
-                              p.job, p.tok) &&
-        p.own != nullptr) {
-      const tcp_wire::position_answer a = answer_of(*p.own);
-      (void)net::write_all(s.get(), &a, sizeof a, net::clock::now() + std::chrono::milliseconds(50));
-    }
-    return;  // closed
-  }
-  if (got == 0) return;  // closed before it said anything
-  if (p.parked.size() < query_listing::kMaxParked) p.parked.push_back(s.release());
+/// Whether p's listener is one a wait may accept on now.
+inline bool servable(const query_point& p, net::clock::time_point now) {
+  return p.listener >= 0 && !p.shrinking && p.parked.size() + p.pending.size() < p.max_parked() && now >= p.quiet_until;
 }
 
-/// Appends every listener of this process to `pfd` (watched for POLLIN).
+/// What became of a connection accepted on a listener (classify).
+enum class conn_fate { answered, parked, closed, undecided };
+
+/// Looks at what connection `f` on p's listener has sent, without waiting: a query is answered
+/// (5 ms at most for the answer) and closed; anything else is set aside unread (a shrink's
+/// hello: tcp/shrink.hpp reads it); nothing yet is undecided (its peer may not have written:
+/// the connection waits in `pending` for its bytes).
+inline conn_fate classify(query_point& p, int f) {
+  tcp_wire::position_query q;
+  const ssize_t got = ::recv(f, &q, sizeof q, MSG_PEEK | MSG_DONTWAIT);
+  if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return conn_fate::closed;
+  if (got >= 4 && q.magic != tcp_wire::kQueryMagic) return conn_fate::parked;
+  if (got != ssize_t(sizeof q)) return conn_fate::undecided;
+  (void)!::recv(f, &q, sizeof q, MSG_DONTWAIT);
+  if (tcp_wire::check_query(std::span<const std::byte, sizeof q>(reinterpret_cast<const std::byte*>(&q), sizeof q), p.rank, p.size, p.job,
+                            p.tok) &&
+      p.own != nullptr) {
+    const tcp_wire::position_answer a = answer_of(*p.own);
+    (void)net::write_all(f, &a, sizeof a, net::clock::now() + std::chrono::milliseconds(5));
+  }
+  return conn_fate::answered;
+}
+
+/// Settles connection f of p by its fate: closes it, or sets it aside (parked or pending).
+inline void settle(query_point& p, int f, conn_fate fate, net::clock::time_point now) {
+  switch (fate) {
+    case conn_fate::parked: p.parked.push_back(f); break;
+    case conn_fate::undecided: p.pending.push_back({f, now}); break;
+    default: ::close(f); break;
+  }
+}
+
+/// Appends the listeners of this process that a wait may serve, and the connections accepted
+/// on them that have sent nothing yet, to `pfd` (watched for POLLIN).
 inline void add_listeners(std::vector<pollfd>& pfd) {
   auto& r = query_registry::get();
   std::lock_guard g(r.mu);
-  for (const query_point* p : r.all)
-    if (p->listener >= 0) pfd.push_back({p->listener, POLLIN, 0});
+  const auto now = net::clock::now();
+  for (const query_point* p : r.all) {
+    if (p->shrinking) continue;
+    if (servable(*p, now)) pfd.push_back({p->listener, POLLIN, 0});
+    for (const auto& c : p->pending) pfd.push_back({c.fd, POLLIN, 0});
+  }
 }
 
-/// After poll: serves the listeners among pfd[from..] that have connections waiting.
+/// After poll: serves the listeners and pending connections among pfd[from..] that are
+/// readable, a few new connections per listener (the caller is in a wait: serving must not hold
+/// it up). A pending connection silent for 200 ms is set aside like any that is not a query.
 inline void serve_listeners(const std::vector<pollfd>& pfd, std::size_t from) {
+  constexpr int kPerPass = 4;
   bool any = false;
   for (std::size_t i = from; i < pfd.size(); ++i) any = any || pfd[i].revents != 0;
   if (!any) return;
   auto& r = query_registry::get();
   std::lock_guard g(r.mu);
+  const auto now = net::clock::now();
   for (std::size_t i = from; i < pfd.size(); ++i) {
     if (pfd[i].revents == 0) continue;
-    const auto it = std::find_if(r.all.begin(), r.all.end(), [&](const query_point* p) { return p->listener == pfd[i].fd; });
-    if (it == r.all.end()) continue;  // gone meanwhile
-    for (;;) {
-      const int f = ::accept4(pfd[i].fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (f < 0) break;
-      serve_one(**it, net::fd(f));
+    const int fd = pfd[i].fd;
+    for (query_point* pp : r.all) {
+      query_point& p = *pp;
+      if (p.shrinking) continue;
+      if (p.listener == fd) {
+        for (int k = 0; k < kPerPass && servable(p, now); ++k) {
+          const int f = ::accept4(fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+          if (f < 0) {
+            // Out of descriptors (or the like): the listener stays readable; leave it a while
+            // rather than spin on it.
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) p.quiet_until = now + std::chrono::milliseconds(100);
+            break;
+          }
+          net::set_nodelay(f);  // a shrink's connection may become a stream of the new communicator
+          settle(p, f, classify(p, f), now);
+        }
+        break;
+      }
+      const auto c = std::find_if(p.pending.begin(), p.pending.end(), [&](const query_point::pending_conn& x) { return x.fd == fd; });
+      if (c == p.pending.end()) continue;
+      const auto since = c->since;
+      p.pending.erase(c);
+      conn_fate fate = classify(p, fd);
+      if (fate == conn_fate::undecided && now - since > std::chrono::milliseconds(200)) fate = conn_fate::parked;
+      if (fate == conn_fate::undecided) p.pending.push_back({fd, since});
+      else settle(p, fd, fate, now);
+      break;
     }
   }
 }

@@ -22,7 +22,9 @@
 // When a round brings back its own view from every rank in it, the view is the new
 // communicator: every survivor ends in the same round with the same view, unless a rank dies
 // in that very round (then its peers' next call on the new communicator reports it, and they
-// shrink again). A rank the others count lost fails with errc::peer_lost.
+// shrink again). Views go to the ranks a view dropped too, so a rank the others count lost
+// learns it and fails with errc::peer_lost; a live rank silent past the deadline fails the
+// shrink (errc::timeout) rather than being dropped by some and not others.
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -132,10 +134,12 @@ class shrinker {
     std::vector<pollfd> pf;
     std::vector<int> who;  // what pf[i] is: -1 the listener, q < n_ out_[q], n_ + q link_[q], 2 n_ + k ins[k]
     std::vector<char> quiet(std::size_t(n_), 0);  // a link with data already (a peer in the next phase): not watched
-    for (;;) {
+    for (bool first = true;; first = false) {
       bool all = true;
       for (int q = 0; q < n_ && all; ++q) all = resolved(q);
-      if (all) return;
+      // (not before one look at what waits in the listener's queue: the hellos of ranks that
+      // went on without this one, which say so, even once they have gone)
+      if (all && !first) return;
       if (net::clock::now() >= deadline) {
         for (int q = 0; q < n_; ++q) {
           if (resolved(q)) continue;
@@ -144,6 +148,13 @@ class shrinker {
           if (in_ok_[std::size_t(q)] != 0)
             fail(errc::peer_lost, "rank " + std::to_string(q) + " joined this shrink but never answered this rank: the survivors "
                                   "went on without it (it joined after their deadline)");
+          // Its hello went unanswered: say after it that this rank goes on without q, which
+          // reads both if it comes late, even once this rank has gone (they wait in its queue).
+          if (out_[std::size_t(q)].ph == out_phase::verdict && out_[std::size_t(q)].s) {
+            tcp_wire::verdict v;
+            v.code = std::uint32_t(tcp_wire::verdict_code::excluded);
+            (void)net::write_all(out_[std::size_t(q)].s.get(), &v, sizeof v, net::clock::now() + std::chrono::milliseconds(50));
+          }
           mark_dead(q);  // no sign of life before the deadline: stopped, or not calling shrink
         }
         return;
@@ -167,7 +178,7 @@ class shrinker {
         pf.push_back({ins[k].s.get(), POLLIN, 0});
         who.push_back(2 * n_ + int(k));
       }
-      ::poll(pf.data(), pf.size(), net::ms_until(deadline));
+      ::poll(pf.data(), pf.size(), all ? 0 : net::ms_until(deadline));
       for (std::size_t i = 0; i < pf.size(); ++i) {
         if (pf[i].revents == 0) continue;
         const int w = who[i];
@@ -235,6 +246,15 @@ class shrinker {
     int peer = -1;
     auto code = tcp_wire::check_shrink_hello(std::span<const std::byte, sizeof in.h>(reinterpret_cast<const std::byte*>(&in.h), sizeof in.h),
                                              me_, n_, q_.epoch, job_hash_, tok_, peer);
+    if (code == tcp_wire::verdict_code::admitted) {
+      // Its sender's deadline passed before this rank came: it said so after its hello.
+      tcp_wire::verdict after;
+      if (::recv(in.s.get(), &after, sizeof after, MSG_PEEK | MSG_DONTWAIT) == ssize_t(sizeof after)) {
+        const auto c = tcp_wire::parse_verdict(std::span<const std::byte, sizeof after>(reinterpret_cast<const std::byte*>(&after), sizeof after));
+        if (c && *c == tcp_wire::verdict_code::excluded)
+          fail(errc::peer_lost, "rank " + std::to_string(peer) + " went on without this rank: " + tcp_wire::describe(*c));
+      }
+    }
     if (code == tcp_wire::verdict_code::admitted && in_ok_[std::size_t(peer)] != 0) code = tcp_wire::verdict_code::duplicate;
     tcp_wire::verdict v;
     v.code = std::uint32_t(code);
@@ -284,15 +304,19 @@ class shrinker {
       std::memcpy(frame.data() + sizeof h + std::size_t(n_), mine_where_.data(), mine_where_.size());
       std::vector<char> next = view;
       bool same = true;
+      // To every rank this one still has a connection to: those its view dropped (others
+      // counted them dead) learn from it that they are left out, rather than wait.
       for (int q = 0; q < n_; ++q)
-        if (q != me_ && view[std::size_t(q)] != 0 &&
-            net::write_all(link_[std::size_t(q)].get(), frame.data(), bytes, deadline) != net::io::ok)
+        if (q != me_ && link_[std::size_t(q)] &&
+            net::write_all(link_[std::size_t(q)].get(), frame.data(), bytes, deadline) != net::io::ok && view[std::size_t(q)] != 0)
           lose(q, next, same);  // its connection failed as this rank sent its view
       for (int q = 0; q < n_; ++q) {
         if (q == me_ || view[std::size_t(q)] == 0 || !link_[std::size_t(q)]) continue;
         const net::io r = net::read_exact(link_[std::size_t(q)].get(), in.data(), bytes, deadline);
+        if (r == net::io::timeout)  // alive (its connection stands) but silent: not a death to agree on
+          fail(errc::timeout, "rank " + std::to_string(q) + " sent no view of round " + std::to_string(round) + " before the deadline");
         if (r != net::io::ok) {
-          lose(q, next, same);  // no view before the deadline, or the connection closed: the process died
+          lose(q, next, same);  // the connection closed: the process died
           continue;
         }
         std::string where, why;
@@ -320,7 +344,15 @@ class shrinker {
         setsockopt(out.peers[k].s.get(), SOL_SOCKET, SO_RCVBUF, &cfg_.socket_buffer_bytes, sizeof cfg_.socket_buffer_bytes);
       }
     }
-    for (net::fd& l : link_) l.reset();  // links to ranks the view dropped
+    // Links to ranks the view dropped: their last frame from this rank (they are left out) is
+    // read before the close, which must not be a reset that could discard it.
+    for (net::fd& l : link_) {
+      if (!l) continue;
+      ::shutdown(l.get(), SHUT_WR);
+      char sink[4096];
+      for (int k = 0; k < 64 && ::recv(l.get(), sink, sizeof sink, MSG_DONTWAIT) > 0; ++k) {}
+      l.reset();
+    }
     return out;
   }
 

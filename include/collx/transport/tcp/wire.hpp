@@ -77,7 +77,10 @@ struct hello {
 };
 static_assert(sizeof(hello) == 80);
 
-enum class verdict_code : std::uint32_t { admitted = 0, bad_token = 1, bad_rank = 2, duplicate = 3, bad_version = 4, bad_epoch = 5 };
+enum class verdict_code : std::uint32_t {
+  admitted = 0, bad_token = 1, bad_rank = 2, duplicate = 3, bad_version = 4, bad_epoch = 5,
+  excluded = 6  // after a shrink hello, from its sender: it went on without this rank (tcp/shrink.hpp)
+};
 
 struct verdict {
   std::uint32_t magic = kVerdictMagic;
@@ -93,6 +96,7 @@ inline const char* describe(verdict_code c) {
     case verdict_code::duplicate: return "a connection from that rank already exists";
     case verdict_code::bad_version: return "not a collx peer of this version";
     case verdict_code::bad_epoch: return "another shrink or another communicator (did the ranks call shrink a different number of times?)";
+    case verdict_code::excluded: return "the survivors went on without this rank (it joined after their deadline)";
   }
   return "unknown verdict";
 }
@@ -116,7 +120,7 @@ inline verdict_code check_hello(std::span<const std::byte, sizeof(hello)> raw, i
 inline std::optional<verdict_code> parse_verdict(std::span<const std::byte, sizeof(verdict)> raw) {
   verdict v;
   std::memcpy(&v, raw.data(), sizeof v);
-  if (v.magic != kVerdictMagic || v.code > std::uint32_t(verdict_code::bad_epoch)) return std::nullopt;
+  if (v.magic != kVerdictMagic || v.code > std::uint32_t(verdict_code::excluded)) return std::nullopt;
   return verdict_code(v.code);
 }
 
