@@ -144,6 +144,15 @@ void training_loop(Comm& world, const loop_plan& p, rank_report& me_rep) {
   me_rep.shm_left = shm_names("collx-lp" + std::to_string(::getppid()) + "-");  // launch_processes names the job so
 }
 
+/// launch_processes over shm or tcp ("shm", "tcp"), through transport::any.
+template <class F>
+void launch_on(const std::string& transport, int n, F&& body, collx::options o = {}) {
+  if (transport == "tcp")
+    collx::launch_processes<collx::transport::as_any>(n, std::forward<F>(body), o, collx::transport::tcp_config{});
+  else
+    collx::launch_processes<collx::transport::as_any>(n, std::forward<F>(body), o);
+}
+
 run_report* shared_report() {
   auto* r = static_cast<run_report*>(
       ::mmap(nullptr, sizeof(run_report), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
@@ -301,10 +310,7 @@ void process_run(const std::string& transport, const loop_plan& p, int n) {
   collx::options o;
   o.timeout = 20s;
   try {
-    if (transport == "tcp")
-      collx::launch_processes<collx::transport::as_any>(n, body, o, collx::transport::tcp_config{});
-    else
-      collx::launch_processes<collx::transport::as_any>(n, body, o);
+    launch_on(transport, n, body, o);
   } catch (const collx::error& e) {
     // The victims' deaths fail the launch (the first named as killed), and nobody else fails.
     const std::string what = e.what();
@@ -386,10 +392,7 @@ TEST_CASE("shrink over processes: without a failure it makes a working copy and 
                                                (c2.rank() != comm.rank()));
         rep->rank[comm.rank()].state.store(1);
       };
-      if (std::string(t) == "tcp")
-        collx::launch_processes<collx::transport::as_any>(n, body, collx::options{}, collx::transport::tcp_config{});
-      else
-        collx::launch_processes<collx::transport::as_any>(n, body);
+      launch_on(t, n, body);
       for (int r = 0; r < n; ++r) {
         CHECK(rep->rank[r].state.load() == 1);
         CHECK(rep->rank[r].wrong.load() == 0);
@@ -421,10 +424,7 @@ TEST_CASE("shrink over processes: a rank that joins after the deadline is left o
     };
     collx::options o;
     o.timeout = 500ms;
-    if (std::string(t) == "tcp")
-      collx::launch_processes<collx::transport::as_any>(3, body, o, collx::transport::tcp_config{});
-    else
-      collx::launch_processes<collx::transport::as_any>(3, body, o);
+    launch_on(t, 3, body, o);
     CHECK(rep->rank[0].state.load() == 1);
     CHECK(rep->rank[1].state.load() == 1);
     CHECK(rep->rank[0].final_size == 2);
@@ -469,10 +469,7 @@ TEST_CASE("shrink over processes: it revokes the communicator, so ranks still in
     collx::options o;
     o.timeout = 3s;
     try {
-      if (std::string(t) == "tcp")
-        collx::launch_processes<collx::transport::as_any>(5, body, o, collx::transport::tcp_config{});
-      else
-        collx::launch_processes<collx::transport::as_any>(5, body, o);
+      launch_on(t, 5, body, o);
     } catch (const collx::error&) {
       // rank 4's death
     }

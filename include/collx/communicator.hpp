@@ -17,9 +17,9 @@
 #include <utility>
 #include <vector>
 
+#include <algorithm>
 #include <array>
 #include <mutex>
-#include <algorithm>
 #include <memory>
 #include <unordered_map>
 
@@ -126,6 +126,9 @@ class communicator {
   /// What split() and create_group() end with: the new communicator of an agreed plan, over
   /// this transport's split, named `name` (default: the plan's id). Defined in split.hpp.
   communicator child_of(split_plan plan, split_offer&& offer, const std::string& name);
+  /// The new communicator over transport t of the ranks `members` here, with id `uid` (a
+  /// split's plan id, a shrink's): its identity, named `name` (default: uid). Defined in split.hpp.
+  communicator adopt(T t, const std::string& uid, const std::vector<int>& members, const std::string& name);
 
   /// The sequence number of the next collective call (1-based).
   std::uint64_t next_seq() noexcept { return ++s_->seq; }

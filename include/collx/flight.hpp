@@ -182,22 +182,20 @@ class flight_recorder {
     std::lock_guard g(mu_);
     if (pos_ == nullptr || id_ == nullptr || id_ == c.comm || job_rank_locked() != job_rank) return;
     const std::uint64_t seq = c.sig.seq == 0 ? 1 : c.sig.seq;
-    std::uint64_t w[2] = {};
+    char comm[16] = {};
     const bool job = c.comm == nullptr || c.comm->is_job();
     const char* name = job ? "world" : c.comm->name.c_str();
-    std::memcpy(w, name, std::min(std::strlen(name), sizeof w));
+    std::memcpy(comm, name, std::min(std::strlen(name), sizeof comm));
     if (!on) {  // only its own note (another thread of the rank may be blocked on a third one)
-      if (pos_->else_seq.load(std::memory_order_relaxed) == seq && pos_->else_comm[0].load(std::memory_order_relaxed) == w[0] &&
-          pos_->else_comm[1].load(std::memory_order_relaxed) == w[1])
+      char now[16];
+      position::get16(pos_->else_comm, now);
+      if (pos_->else_seq.load(std::memory_order_relaxed) == seq && std::memcmp(now, comm, sizeof comm) == 0)
         pos_->else_seq.store(0, std::memory_order_relaxed);
       return;
     }
-    pos_->else_comm[0].store(w[0], std::memory_order_relaxed);
-    pos_->else_comm[1].store(w[1], std::memory_order_relaxed);
-    static_assert(sizeof c.sig.collective == sizeof w);
-    std::memcpy(w, c.sig.collective, sizeof w);
-    pos_->else_call[0].store(w[0], std::memory_order_relaxed);
-    pos_->else_call[1].store(w[1], std::memory_order_relaxed);
+    position::put16(pos_->else_comm, comm);
+    static_assert(sizeof c.sig.collective == 16);
+    position::put16(pos_->else_call, c.sig.collective);
     pos_->else_waiting_job.store(peer < 0 ? -1 : (c.comm == nullptr ? peer : c.comm->job_rank(peer)), std::memory_order_relaxed);
     pos_->else_seq.store(seq, std::memory_order_relaxed);
   }

@@ -241,11 +241,7 @@ struct call_info {
         (wf == detail::position::kGone ? gone : mute).push_back(r);
         continue;
       }
-      char nm[17] = {};
-      const std::uint64_t w0 = p.name[0].load(std::memory_order_relaxed), w1 = p.name[1].load(std::memory_order_relaxed);
-      std::memcpy(nm, &w0, 8);
-      std::memcpy(nm + 8, &w1, 8);
-      const std::string name(nm, strnlen(nm, 16));
+      const std::string name = detail::position::text16(p.name);
       place* at = nullptr;
       for (place& q : places)
         if (q.seq_state == ss && q.name == name) at = &q;
@@ -292,16 +288,9 @@ struct call_info {
       const detail::position& p = *board.at(r);
       const std::uint64_t es = p.else_seq.load(std::memory_order_relaxed);
       if (r == rank || es == 0) continue;
-      char cm[17] = {}, cl[17] = {};
-      const std::uint64_t c0 = p.else_comm[0].load(std::memory_order_relaxed), c1 = p.else_comm[1].load(std::memory_order_relaxed);
-      const std::uint64_t l0 = p.else_call[0].load(std::memory_order_relaxed), l1 = p.else_call[1].load(std::memory_order_relaxed);
-      std::memcpy(cm, &c0, 8);
-      std::memcpy(cm + 8, &c1, 8);
-      std::memcpy(cl, &l0, 8);
-      std::memcpy(cl + 8, &l1, 8);
-      const std::string other(cm, strnlen(cm, 16));
+      const std::string other = detail::position::text16(p.else_comm);
       const int wj = p.else_waiting_job.load(std::memory_order_relaxed);
-      o += "; " + peer(r) + " is blocked in " + std::string(cl, strnlen(cl, 16)) + " #" + std::to_string(es) +
+      o += "; " + peer(r) + " is blocked in " + detail::position::text16(p.else_call) + " #" + std::to_string(es) +
            (other == "world" ? std::string(" on the job's communicator") : " on communicator " + other) +
            (wj >= 0 ? ", waiting for job rank " + std::to_string(wj) : std::string());
     }

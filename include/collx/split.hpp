@@ -75,12 +75,17 @@ communicator<T> communicator<T>::split(int color, int key, const std::string& na
 template <class T>
 communicator<T> communicator<T>::child_of(split_plan plan, split_offer&& offer, const std::string& name) {
   plan.timeout = opts().timeout;
+  return adopt(transport().split(plan, std::move(offer)), plan.id, plan.members, name);
+}
+
+template <class T>
+communicator<T> communicator<T>::adopt(T t, const std::string& uid, const std::vector<int>& members, const std::string& name) {
   comm_identity id;
-  id.name = name.empty() ? plan.id : name;
-  for (int m : plan.members) id.job_ranks.push_back(job_rank(m));
-  id.hash = detail::fnv1a(plan.id) | 1;  // never 0 (the job's own)
-  communicator child = make_child(transport().split(plan, std::move(offer)), std::move(id));
-  child.s_->uid = plan.id;
+  id.name = name.empty() ? uid : name;
+  for (int m : members) id.job_ranks.push_back(job_rank(m));
+  id.hash = detail::fnv1a(uid) | 1;  // never 0 (the job's own)
+  communicator child = make_child(std::move(t), std::move(id));
+  child.s_->uid = uid;
   return child;
 }
 
@@ -110,10 +115,6 @@ communicator<T> communicator<T>::shrink(const std::string& name) {
   const auto began = std::chrono::steady_clock::now();
   T t = transport().shrink(q, members);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - began).count();
-  comm_identity id;
-  id.name = name.empty() ? q.id : name;
-  for (int m : members) id.job_ranks.push_back(job_rank(m));
-  id.hash = detail::fnv1a(q.id) | 1;
   if (s_->dbg.on(debug_level::info)) {
     std::string lost;
     for (int r = 0, k = 0; r < size(); ++r) {
@@ -125,9 +126,7 @@ communicator<T> communicator<T>::shrink(const std::string& name) {
     s_->dbg.write(debug_level::info, q.what + ": " + std::to_string(members.size()) + " of " + std::to_string(size()) +
                                          " ranks went on" + (lost.empty() ? std::string() : "; lost: " + lost) + took);
   }
-  communicator child = make_child(std::move(t), std::move(id));
-  child.s_->uid = q.id;
-  return child;
+  return adopt(std::move(t), q.id, members, name);
 }
 
 template <class T>

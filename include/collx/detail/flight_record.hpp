@@ -164,6 +164,25 @@ struct alignas(64) position {
   std::atomic<std::uint64_t> else_call[2] = {};
   std::atomic<std::uint64_t> else_seq{0};
   std::atomic<std::int32_t> else_waiting_job{-1};
+
+  /// A 16-character field (name, else_comm, else_call) from or into 16 bytes.
+  using word16 = std::atomic<std::uint64_t>[2];
+  static void put16(word16& w, const char* s16) noexcept {
+    std::uint64_t v[2];
+    std::memcpy(v, s16, sizeof v);
+    w[0].store(v[0], std::memory_order_relaxed);
+    w[1].store(v[1], std::memory_order_relaxed);
+  }
+  static void get16(const word16& w, char* out16) noexcept {
+    const std::uint64_t v[2] = {w[0].load(std::memory_order_relaxed), w[1].load(std::memory_order_relaxed)};
+    std::memcpy(out16, v, sizeof v);
+  }
+  /// The field as a string (up to its first NUL).
+  static std::string text16(const word16& w) {
+    char b[16];
+    get16(w, b);
+    return std::string(b, strnlen(b, sizeof b));
+  }
 };
 
 /// What a recorder put on its rank's position (to put it back when a nested call ends).

@@ -116,14 +116,11 @@ inline tcp_wire::position_answer answer_of(const detail::position& p) {
   tcp_wire::position_answer a;
   a.seq_state = p.seq_state.load(std::memory_order_relaxed);
   a.waiting_for = p.waiting_for.load(std::memory_order_relaxed);
-  const std::uint64_t n[2] = {p.name[0].load(std::memory_order_relaxed), p.name[1].load(std::memory_order_relaxed)};
-  std::memcpy(a.name, n, sizeof a.name);
+  detail::position::get16(p.name, a.name);
   a.else_seq = p.else_seq.load(std::memory_order_relaxed);
   if (a.else_seq != 0) {
-    const std::uint64_t c[2] = {p.else_comm[0].load(std::memory_order_relaxed), p.else_comm[1].load(std::memory_order_relaxed)};
-    const std::uint64_t l[2] = {p.else_call[0].load(std::memory_order_relaxed), p.else_call[1].load(std::memory_order_relaxed)};
-    std::memcpy(a.else_comm, c, sizeof a.else_comm);
-    std::memcpy(a.else_call, l, sizeof a.else_call);
+    detail::position::get16(p.else_comm, a.else_comm);
+    detail::position::get16(p.else_call, a.else_call);
     a.else_waiting_job = p.else_waiting_job.load(std::memory_order_relaxed);
   }
   return a;
@@ -252,9 +249,14 @@ inline void ask_positions(const query_point& me, const std::vector<std::string>&
     } catch (const std::exception&) {
       continue;
     }
-    net::fd s(::socket(a.family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-    if (!s) continue;
-    if (::connect(s.get(), a.sa(), a.len) != 0 && errno != EINPROGRESS) {
+    bool connected = false;  // (either way: poll says it is writable)
+    net::fd s;
+    try {
+      s = net::connect_start(a, connected);
+    } catch (const std::exception&) {
+      continue;  // no socket to be had (out of descriptors): it stays "did not answer"
+    }
+    if (!s) {
       mark(q, detail::position::kGone);
       continue;
     }
@@ -297,16 +299,9 @@ inline void ask_positions(const query_point& me, const std::vector<std::string>&
       k.s.reset();
       if (!a) continue;
       detail::position& p = board[k.q];
-      std::uint64_t w[2];
-      std::memcpy(w, a->name, sizeof w);
-      p.name[0].store(w[0], std::memory_order_relaxed);
-      p.name[1].store(w[1], std::memory_order_relaxed);
-      std::memcpy(w, a->else_comm, sizeof w);
-      p.else_comm[0].store(w[0], std::memory_order_relaxed);
-      p.else_comm[1].store(w[1], std::memory_order_relaxed);
-      std::memcpy(w, a->else_call, sizeof w);
-      p.else_call[0].store(w[0], std::memory_order_relaxed);
-      p.else_call[1].store(w[1], std::memory_order_relaxed);
+      detail::position::put16(p.name, a->name);
+      detail::position::put16(p.else_comm, a->else_comm);
+      detail::position::put16(p.else_call, a->else_call);
       p.else_waiting_job.store(a->else_waiting_job, std::memory_order_relaxed);
       p.else_seq.store(a->else_seq, std::memory_order_relaxed);
       p.waiting_for.store(a->waiting_for, std::memory_order_relaxed);

@@ -111,14 +111,11 @@ class shrinker {
     } catch (const std::exception& e) {
       fail(errc::transport_error, "rank " + std::to_string(q) + "'s address " + where_[std::size_t(q)] + " does not parse: " + e.what());
     }
-    net::fd s(::socket(a.family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-    if (!s) net::sys_fail("tcp: shrink: socket");
-    const int rc = ::connect(s.get(), a.sa(), a.len);
-    if (rc != 0 && errno != EINPROGRESS)
-      return mark_dead(q);  // its listener refused a connection: the process is gone
-    net::set_nodelay(s.get());
+    bool connected = false;
+    net::fd s = net::connect_start(a, connected);
+    if (!s) return mark_dead(q);  // its listener refused a connection: the process is gone
     out_[std::size_t(q)].s = std::move(s);
-    if (rc == 0) send_hello(q);
+    if (connected) send_hello(q);
   }
 
   /// Phase 1 (see the top): connect to everyone, answer everyone, until every rank has

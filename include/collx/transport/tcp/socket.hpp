@@ -229,6 +229,19 @@ inline fd connect_until(const address& to, clock::time_point deadline, std::stri
   }
 }
 
+/// Starts a non-blocking connect to `to` (TCP_NODELAY set): the socket, connected already
+/// (`connected`) or connecting (poll it for POLLOUT, then read SO_ERROR), or an empty fd when
+/// the connection was refused at once (nothing listens there: a peer's process that is gone).
+inline fd connect_start(const address& to, bool& connected) {
+  fd s(::socket(to.family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!s) sys_fail("tcp: socket");
+  const int rc = ::connect(s.get(), to.sa(), to.len);
+  if (rc != 0 && errno != EINPROGRESS) return fd{};
+  set_nodelay(s.get());
+  connected = rc == 0;
+  return s;
+}
+
 /// Writes all of `n` bytes to a non-blocking socket before `deadline`.
 inline io write_all(int f, const void* p, std::size_t n, clock::time_point deadline) {
   const char* b = static_cast<const char*>(p);
