@@ -237,8 +237,10 @@ class flight_recorder {
     if (r.pos != nullptr) o.published = publish(*r.pos, sig, position::kIn);
     {
       std::lock_guard g(mu_);
-      flight_entry& e = slot(next_);  // (grows the ring first: a throw leaves it as it was)
+      flight_entry& e = slot(head_);  // (grows the ring first: a throw leaves it as it was)
       o.index = next_++;
+      o.slot = head_;
+      if (++head_ == cap()) head_ = 0;  // head_ is next_ % cap(), without a division a call
       e.index = o.index;
       e.sig = sig;
       e.state = call_state::running;
@@ -303,19 +305,19 @@ class flight_recorder {
       ++cum_.calls;
       cum_.busy_ns += end - r.entered_ns;
       if (next_ - o.index <= cap()) {  // not overwritten by later calls (nested ones)
-        flight_entry& e = slot(o.index);
+        flight_entry& e = ring_[o.slot];
         e.state = failed ? call_state::failed : call_state::done;
         if (r.policy != nullptr) set_name(e.sig.policy, r.policy);
         e.end_ns = end;
         e.waited_ns = r.waited_live.load(std::memory_order_relaxed);
-        e.peers = top;
+        std::copy_n(top.begin(), n_top, e.peers.begin());  // (entries read only the first n_peers)
         e.n_peers = n_top;
         e.code = r.code;
         if (failed) e.error = r.error.empty() ? "failed (an exception left the call)" : r.error;
       }
       o.live = false;
       dump = failed && dump_on_error_;
-      job = job_rank_locked();
+      if (dump) job = job_rank_locked();
     }
     for (int i = 0; i < r.n_touched; ++i) o.w[std::size_t(r.touched[i])] = 0;
     for (int i = 0; i < r.n_heard; ++i) o.late[std::size_t(r.heard[i])] = -1;
@@ -403,6 +405,7 @@ class flight_recorder {
     std::vector<int> touched, heard;
     std::vector<std::int64_t> late_blame;  // per touched peer, filled at close
     std::uint64_t index = 0;
+    std::size_t slot = 0;  // its entry in ring_ (index % cap())
     call_signature sig;  // kept only for debug lines (dbg_)
     position_words published;  // what open() put on the board: put back when a nested call ends
     bool live = false;  // guarded by mu_
@@ -447,14 +450,14 @@ class flight_recorder {
     p.seq_state.store(w.seq_state, std::memory_order_relaxed);
   }
   int job_rank_locked() const noexcept { return id_ == nullptr ? rank_ : id_->job_rank(rank_); }
-  flight_entry& slot(std::uint64_t i) {
-    const std::size_t k = std::size_t(i % cap());
+  flight_entry& slot(std::size_t k) {
     if (ring_.size() <= k) ring_.resize(k + 1);
     return ring_[k];
   }
   /// Entry i under mu_, with a running call's live wait state.
   flight_entry snapshot(std::uint64_t i) const {
     flight_entry e = ring_[std::size_t(i % cap())];
+    for (int k = std::max(e.n_peers, 0); k < int(flight_entry::kPeers); ++k) e.peers[std::size_t(k)] = {};  // (close copies only n_peers)
     if (e.state == call_state::running)
       for (int d = 0; d < kDepth; ++d)
         if (open_[d].live && open_[d].index == i) {
@@ -472,6 +475,7 @@ class flight_recorder {
   mutable record_lock mu_;
   std::vector<flight_entry> ring_;
   std::uint64_t next_ = 0;
+  std::size_t head_ = 0;  // next_ % cap(): where the next call's entry goes
   std::array<open_call, kDepth> open_{};
   int depth_ = 0;  // the runner's own
   wait_table cum_;

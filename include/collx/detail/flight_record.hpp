@@ -91,7 +91,7 @@ struct fast_clock {
     std::atomic<std::uint32_t> seq{0};
     std::atomic<std::uint64_t> tsc{0}, until{0};
     std::atomic<std::int64_t> wall{0};
-    std::atomic<double> ns_per_tick{0.0};
+    std::atomic<std::uint64_t> ns_per_tick_q32{0};  // ns per tick, in 32.32 fixed point
   };
   static anchor_t& anchor() noexcept {
     static anchor_t a;
@@ -108,10 +108,12 @@ struct fast_clock {
     if ((s1 & 1) == 0) {
       const std::uint64_t tsc = a.tsc.load(std::memory_order_relaxed), until = a.until.load(std::memory_order_relaxed);
       const std::int64_t wall = a.wall.load(std::memory_order_relaxed);
-      const double npt = a.ns_per_tick.load(std::memory_order_relaxed);
+      const std::uint64_t q = a.ns_per_tick_q32.load(std::memory_order_relaxed);
       std::atomic_thread_fence(std::memory_order_acquire);
-      if (a.seq.load(std::memory_order_relaxed) == s1 && npt != 0 && t < until) {
-        v = wall + std::int64_t(double(std::int64_t(t - tsc)) * npt);
+      // (t - tsc) is under 50 ms of ticks, so the product is under 50e6 * 2^32 and fits 64 bits;
+      // an integer multiply and shift costs less a read than a round trip through double
+      if (a.seq.load(std::memory_order_relaxed) == s1 && q != 0 && t >= tsc && t < until) {
+        v = wall + std::int64_t(((t - tsc) * q) >> 32);
         have = true;
       }
     }
@@ -122,11 +124,11 @@ struct fast_clock {
       if (o.usable && v - o.at.wall >= 10'000'000 && a.seq.compare_exchange_strong(even, even + 1, std::memory_order_acquire)) {
         std::atomic_thread_fence(std::memory_order_release);  // the odd count before the fields (seqlock)
         const sample_t now = sample();  // long enough a baseline since the origin to measure the rate on
-        if (now.tsc > o.at.tsc) {
-          const double r = double(now.wall - o.at.wall) / double(now.tsc - o.at.tsc);
+        const double r = now.tsc > o.at.tsc ? double(now.wall - o.at.wall) / double(now.tsc - o.at.tsc) : 0.0;
+        if (r > 0 && r < 16.0) {  // (a wall clock stepped back meanwhile: no anchor this time)
           a.tsc.store(now.tsc, std::memory_order_relaxed);
           a.wall.store(now.wall, std::memory_order_relaxed);
-          a.ns_per_tick.store(r, std::memory_order_relaxed);
+          a.ns_per_tick_q32.store(std::uint64_t(r * 4294967296.0), std::memory_order_relaxed);
           a.until.store(now.tsc + std::uint64_t(50e6 / r), std::memory_order_relaxed);
         }
         a.seq.store(even + 2, std::memory_order_release);
