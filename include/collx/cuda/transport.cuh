@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -60,7 +61,9 @@ inline constexpr std::uint64_t kDeviceChunk = 256 * 1024;
 class group {
  public:
   /// n ranks; rank r on device devices[r % devices.size()] (default: every rank on device 0).
-  explicit group(int n, std::vector<int> devices = {0}) : n_(n), dev_(std::size_t(n)), regions_(std::size_t(n)), why_(std::size_t(n)) {
+  explicit group(int n, std::vector<int> devices = {0})
+      : n_(n), dev_(std::size_t(n)), regions_(std::size_t(n)), why_(std::size_t(n)), running_(new std::atomic<int>[std::size_t(n)]) {
+    for (int r = 0; r < n; ++r) running_[std::size_t(r)].store(0);
     try {
       make(std::move(devices));
     } catch (...) {
@@ -92,6 +95,13 @@ class group {
           int can = 0;
           check(cudaDeviceCanAccessPeer(&can, a, b), "cudaDeviceCanAccessPeer");
           if (!can) throw error(errc::transport_error, "collx::cuda: device " + std::to_string(a) + " cannot access device " + std::to_string(b));
+          // A receiver raises the sender's `taken` counter with an atomic over the peer
+          // mapping: a link that does not carry atomics (PCIe without them) would lose acks.
+          int atomics = 0;
+          check(cudaDeviceGetP2PAttribute(&atomics, cudaDevP2PAttrNativeAtomicSupported, a, b), "cudaDeviceGetP2PAttribute");
+          if (!atomics)
+            throw error(errc::transport_error, "collx::cuda: the link from device " + std::to_string(a) + " to device " + std::to_string(b) +
+                                                   " does not carry atomic operations, which the acks of collx's device plans need");
           check(cudaSetDevice(a), "cudaSetDevice");
           const cudaError_t e = cudaDeviceEnablePeerAccess(b, 0);
           if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) check(e, "cudaDeviceEnablePeerAccess");
@@ -192,6 +202,24 @@ class group {
   }
   bool aborted() const noexcept { return std::atomic_ref<int>(*static_cast<int*>(host_)).load() != 0; }
 
+  /// Rank r's kernel may be running (set before its launch, cleared once its stream has
+  /// finished it): while it is, it may read its peers' buffers.
+  void set_running(int r, bool on) noexcept { running_[std::size_t(r)].store(on ? 1 : 0, std::memory_order_seq_cst); }
+  bool running(int r) const noexcept { return running_[std::size_t(r)].load(std::memory_order_seq_cst) != 0; }
+  /// After rank r failed (the abort flag is up, so every peer's kernel ends at its next wait):
+  /// waits until no peer's kernel is left that may read rank r's memory, so r may unwind and
+  /// free its buffers (transport::planned's and inproc's rule), for at most `limit`.
+  bool wait_peers_idle(int r, std::chrono::nanoseconds limit) const noexcept {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    for (;;) {
+      bool busy = false;
+      for (int q = 0; q < n_; ++q) busy = busy || (q != r && running(q));
+      if (!busy) return true;
+      if (std::chrono::steady_clock::now() >= until) return false;
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
  private:
   struct region {
     char* mem = nullptr;
@@ -205,6 +233,7 @@ class group {
   mutable std::mutex mu_;
   std::vector<std::string> why_;
   int first_ = -1;
+  std::unique_ptr<std::atomic<int>[]> running_;
 };
 
 /// A plan lowered for the device: the host plan, and its arrays and per-peer totals copied to
@@ -289,7 +318,15 @@ class transport {
   cudaStream_t stream() const noexcept { return stream_; }
   const char* kind() const noexcept { return "cuda"; }
 
-  void abort(const std::string& why) noexcept { g_->fail(rank_, why); }
+  /// Fails this rank (every peer's kernel ends at its next wait), then waits for the peers'
+  /// kernels to end before the caller unwinds: one may be reading this rank's buffers, which
+  /// the unwinding frees (for at most kAbortReadWait: a peer whose host thread is stuck
+  /// elsewhere cannot hold this rank forever).
+  void abort(const std::string& why) noexcept {
+    g_->fail(rank_, why);
+    g_->wait_peers_idle(rank_, kAbortReadWait);
+  }
+  static constexpr std::chrono::seconds kAbortReadWait{2};
 
   void copy_local(std::byte* dst, const std::byte* src, std::size_t bytes) {
     check(cudaSetDevice(dev_), "cudaSetDevice");
@@ -309,6 +346,16 @@ class transport {
   template <class E, class Op>
   void run_schedule(const call_info& call, const schedule& s, const E* in, E* out, const Op& op) {
     using D = device_type_t<E>;
+    // Up while this call's kernel may run, on every path out. Raised before the abort flag is
+    // read: a failing peer raises the flag before it reads this (both sequentially consistent),
+    // so either this call sees the failure and launches nothing, or the peer waits for it.
+    struct running_mark {
+      group& g;
+      int r;
+      ~running_mark() { g.set_running(r, false); }
+    };
+    g_->set_running(rank_, true);
+    const running_mark mark{*g_, rank_};
     if (g_->aborted()) {
       const int f = g_->first_failed();
       call.fail(errc::peer_lost, f == rank_ ? "this rank already failed: " + g_->why(f)
