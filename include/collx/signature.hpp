@@ -281,7 +281,7 @@ struct call_info {
            " (stopped, or not given a core)";
     auto some = [&](const std::vector<int>& v) { return v.size() == 1 ? peer(v.front()) : "ranks " + detail::rank_ranges(v); };
     if (!mute.empty())
-      o += "; " + some(mute) + (mute.size() == 1 ? " does" : " do") + " not answer (not waiting in a collx call: busy in its own code, or stopped)";
+      o += "; " + some(mute) + (mute.size() == 1 ? " does" : " do") + " not answer (its process is stopped, or hung)";
     if (!gone.empty()) o += "; " + some(gone) + (gone.size() == 1 ? " is" : " are") + " gone (its process refuses connections)";
     // Ranks stuck in a call on another of their communicators (flight.hpp, note_blocked).
     for (int r = 0; r < board.n; ++r) {

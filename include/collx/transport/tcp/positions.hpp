@@ -5,15 +5,20 @@
 // threads and shm. Instead each communicator's listening socket (kept for shrink) answers
 // queries: a rank that times out connects to every peer's listener, sends a query (the
 // communicator's hash and the job's token), and the peer answers with its position on that
-// communicator and where it is blocked on another, if it is. A rank answers while it is
-// blocked in a collx call over tcp on any communicator (its poll loop watches every listener of
-// its process: query_registry), which is when it matters: a rank busy in its own code, or
-// stopped, does not answer ("did not answer"), and a dead one refuses the connection ("gone").
-// A connection that is not a query (a shrink's hello) is left unread, set aside for shrink.
-// Nothing of it is on the path of a call that does not wait: the listeners join the poll only
-// once a rank sleeps.
+// communicator and where it is blocked on another, if it is. Every process with a tcp
+// communicator has one answering thread (`answerer`), which sleeps in poll on every listener
+// of its process (query_registry) and answers at any time, so a rank busy in its own code says
+// where it last was ("rank 3 is done with all_reduce #41") as over threads and shm; a rank
+// blocked in a collx call over tcp also serves the listeners in its poll loop. A stopped or hung
+// process does not answer ("does not answer"), a dead one refuses the connection ("gone"). A
+// connection that is not a query (a shrink's hello) is left unread, set aside for shrink.
+// Nothing of it is on the path of a call that does not wait: the listeners join a call's poll
+// only once it sleeps.
+#include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -22,6 +27,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../../detail/flight_record.hpp"
@@ -32,6 +38,7 @@ namespace collx::transport::tcp_detail {
 
 /// One communicator's listener, as this process answers position queries on it.
 struct query_point {
+  pid_t pid = ::getpid();  // the process it belongs to: a forked child does not serve its parent's
   int listener = -1;
   int rank = 0, size = 1;
   std::uint64_t job = 0;
@@ -50,13 +57,88 @@ struct query_point {
   std::size_t max_parked() const noexcept { return std::size_t(4 * size + 16); }
 };
 
-/// Every query point of this process. Never destroyed (a communicator may outlive statics).
+inline void answer_loop();
+
+/// Every query point of this process, and the thread that answers on them. Never destroyed (a
+/// communicator may outlive statics).
 struct query_registry {
-  std::mutex mu;
+  std::mutex mu;  // the points and what they hold
   std::vector<query_point*> all;
+  // The answering thread: started with the process's first point, joined when its last goes
+  // (under `life`, taken before `mu`; the thread takes only `mu`). A forked child inherits the
+  // parent's record of a thread it does not have: `owner` says whose it is.
+  std::mutex life;
+  std::thread* answerer = nullptr;
+  pid_t owner = 0;
+  bool stop = false;   // under mu
+  int wake_r = -1, wake_w = -1;
   static query_registry& get() {
     static query_registry* r = new query_registry;
     return *r;
+  }
+  std::size_t mine_locked() const {
+    const pid_t me = ::getpid();
+    return std::size_t(std::count_if(all.begin(), all.end(), [me](const query_point* p) { return p->pid == me; }));
+  }
+  /// Under life: the thread runs (started now if it did not).
+  void start_locked() {
+    if (answerer != nullptr && owner == ::getpid()) return;
+    // A fork while the thread holds `mu` would leave it locked for good in the child (a
+    // DataLoader's workers are forked): fork takes both locks first, and both sides let go.
+    static const bool at_fork = [] {
+      pthread_atfork([] {
+        get().life.lock();
+        get().mu.lock();
+      }, [] {
+        get().mu.unlock();
+        get().life.unlock();
+      }, [] {
+        get().mu.unlock();
+        get().life.unlock();
+      });
+      return true;
+    }();
+    (void)at_fork;
+    answerer = nullptr;  // (a parent's, in a forked child: not ours to join)
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) return;  // no thread: ranks answer while they wait
+    {
+      std::lock_guard g(mu);
+      stop = false;
+      wake_r = fds[0];
+      wake_w = fds[1];
+    }
+    // The thread takes no signals (the application's handlers run on its own threads).
+    sigset_t all_signals, was;
+    sigfillset(&all_signals);
+    pthread_sigmask(SIG_SETMASK, &all_signals, &was);
+    try {
+      answerer = new std::thread(answer_loop);
+      owner = ::getpid();
+    } catch (...) {
+      ::close(fds[0]);
+      ::close(fds[1]);
+      wake_r = wake_w = -1;
+    }
+    pthread_sigmask(SIG_SETMASK, &was, nullptr);
+  }
+  /// Under life: the thread ends and is joined.
+  void stop_locked() noexcept {
+    if (answerer == nullptr || owner != ::getpid()) return;
+    {
+      std::lock_guard g(mu);
+      stop = true;
+    }
+    wake();
+    answerer->join();
+    delete answerer;
+    answerer = nullptr;
+    ::close(wake_r);
+    ::close(wake_w);
+    wake_r = wake_w = -1;
+  }
+  void wake() noexcept {
+    if (wake_w >= 0) (void)!::write(wake_w, "x", 1);
   }
 };
 
@@ -66,8 +148,13 @@ class query_listing {
   query_listing() = default;
   explicit query_listing(std::unique_ptr<query_point> p) : p_(std::move(p)) {
     auto& r = query_registry::get();
-    std::lock_guard g(r.mu);
-    r.all.push_back(p_.get());
+    std::lock_guard l(r.life);
+    {
+      std::lock_guard g(r.mu);
+      r.all.push_back(p_.get());
+    }
+    r.start_locked();
+    r.wake();  // a thread asleep in poll looks at its listeners again
   }
   query_listing(query_listing&& o) noexcept : p_(std::move(o.p_)) {}
   query_listing& operator=(query_listing&& o) noexcept {
@@ -101,8 +188,15 @@ class query_listing {
     if (!p_) return;
     {
       auto& r = query_registry::get();
-      std::lock_guard g(r.mu);
-      r.all.erase(std::remove(r.all.begin(), r.all.end(), p_.get()), r.all.end());
+      std::lock_guard l(r.life);
+      bool last = false;
+      {
+        std::lock_guard g(r.mu);
+        r.all.erase(std::remove(r.all.begin(), r.all.end(), p_.get()), r.all.end());
+        last = r.mine_locked() == 0;
+      }
+      if (last) r.stop_locked();
+      else r.wake();  // (its poll may hold the listener that is about to close)
     }
     for (int f : p_->parked) ::close(f);
     for (const auto& c : p_->pending) ::close(c.fd);
@@ -128,7 +222,8 @@ inline tcp_wire::position_answer answer_of(const detail::position& p) {
 
 /// Whether p's listener is one a wait may accept on now.
 inline bool servable(const query_point& p, net::clock::time_point now) {
-  return p.listener >= 0 && !p.shrinking && p.parked.size() + p.pending.size() < p.max_parked() && now >= p.quiet_until;
+  return p.listener >= 0 && p.pid == ::getpid() && !p.shrinking && p.parked.size() + p.pending.size() < p.max_parked() &&
+         now >= p.quiet_until;
 }
 
 /// What became of a connection accepted on a listener (classify).
@@ -169,8 +264,9 @@ inline void add_listeners(std::vector<pollfd>& pfd) {
   auto& r = query_registry::get();
   std::lock_guard g(r.mu);
   const auto now = net::clock::now();
+  const pid_t me = ::getpid();
   for (const query_point* p : r.all) {
-    if (p->shrinking) continue;
+    if (p->shrinking || p->pid != me) continue;
     if (servable(*p, now)) pfd.push_back({p->listener, POLLIN, 0});
     for (const auto& c : p->pending) pfd.push_back({c.fd, POLLIN, 0});
   }
@@ -192,7 +288,7 @@ inline void serve_listeners(const std::vector<pollfd>& pfd, std::size_t from) {
     const int fd = pfd[i].fd;
     for (query_point* pp : r.all) {
       query_point& p = *pp;
-      if (p.shrinking) continue;
+      if (p.shrinking || p.pid != ::getpid()) continue;
       if (p.listener == fd) {
         for (int k = 0; k < kPerPass && servable(p, now); ++k) {
           const int f = ::accept4(fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
@@ -217,6 +313,30 @@ inline void serve_listeners(const std::vector<pollfd>& pfd, std::size_t from) {
       else settle(p, fd, fate, now);
       break;
     }
+  }
+}
+
+/// The answering thread: sleeps in poll on every listener of the process (and their pending
+/// connections) and serves them, until the process's last tcp communicator goes. It looks at the
+/// registry again when woken (a communicator came or goes) and every 250 ms.
+inline void answer_loop() {
+  auto& r = query_registry::get();
+  std::vector<pollfd> pfd;
+  for (;;) {
+    pfd.clear();
+    {
+      std::lock_guard g(r.mu);
+      if (r.stop) return;
+      pfd.push_back({r.wake_r, POLLIN, 0});
+    }
+    add_listeners(pfd);
+    if (::poll(pfd.data(), nfds_t(pfd.size()), 250) < 0 && errno != EINTR) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (pfd[0].revents != 0) {
+      char b[64];
+      while (::read(pfd[0].fd, b, sizeof b) > 0) {
+      }
+    }
+    serve_listeners(pfd, 1);
   }
 }
 
