@@ -108,6 +108,13 @@ TEST_CASE("plan lowering: copies that depend on each other run in order, an over
   CHECK(p.phases[1].end - p.phases[1].begin == 3);
   CHECK(p.ops[1].how == 0);
   CHECK(p.ops[3].how == 1);
+  // A copy that overwrites what an earlier one still reads waits for it (the workers of one
+  // phase would race: the first's chunks could read the second's result).
+  collx::schedule w;
+  w.copy({collx::buf::out, 0, 10}, {collx::buf::tmp, 0, 10});
+  w.copy({collx::buf::tmp, 4, 10}, {collx::buf::in, 0, 10});  // writes tmp[4, 14), which the first reads
+  const dev::plan pw = dev::lower(w, 1, 4, 16);
+  CHECK(pw.phases.size() == 2);
   // A receive that writes what an earlier one reads as its operand waits for it too.
   collx::schedule r;
   r.recv(1, {collx::buf::out, 0, 10}, {collx::buf::tmp, 0, 10}, collx::combine::received_right);

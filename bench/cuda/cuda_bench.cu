@@ -72,6 +72,7 @@ std::uint64_t hbm_bytes(const collx::device::plan& p) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IONBF, 0);  // run.sh may kill it at its limit: what it printed stays
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {

@@ -13,6 +13,9 @@
 #
 # Not yet here: ranks as processes (VMM / cudaIpc peer mapping); the summary says so.
 set -uo pipefail
+# A hang shows as an error naming the peer within the steps' limits; kernels load up front (a
+# lazily loaded kernel may wait for the device, where other ranks' kernels wait for this rank).
+export COLLX_TIMEOUT_S=${COLLX_TIMEOUT_S:-10} CUDA_MODULE_LOADING=EAGER
 out=${1:?usage: tests/gpu/run.sh OUTDIR}
 mkdir -p "$out"
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."

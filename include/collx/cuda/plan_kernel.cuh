@@ -66,9 +66,10 @@ struct plan_args {
   ack* const* acks_mine;       // [n]: (me -> peer)'s taken, which I poll
   ack* const* acks_theirs;     // [n]: (peer -> me)'s taken, which I raise
   std::uint64_t* barrier;      // this rank's grid barrier counter
-  std::uint64_t barrier_base;  // its value when this launch began
+  std::uint64_t* barrier_base; // the counter's value when this launch began (device memory:
+                               // block 0 advances it at the end, as it does the pair bases)
   plan_status* status;         // this rank's
-  const int* abort;            // the group's: nonzero once any rank failed
+  int* abort;                  // the group's: nonzero once any rank failed (a failing kernel raises it)
   std::uint64_t sig;           // this call's signature hash
   std::uint64_t timeout_ns;
   int rank, size;
@@ -93,6 +94,7 @@ template <class E, class Op>
 struct device_env {
   const plan_args& a;
   Op op;
+  std::uint64_t start;         // *a.barrier_base, read at the block's start
   std::uint64_t barriers = 0;  // grid barriers this block has passed in this launch
 
   __device__ int worker() const { return int(blockIdx.x); }
@@ -100,13 +102,16 @@ struct device_env {
   __device__ bool reversed() const { return false; }
   __device__ std::byte* base(std::uint8_t b) const { return a.bufs[b & 3]; }
 
-  /// Records why this rank stops (the first reason wins) and tells the group.
+  /// Records why this rank stops (the first reason wins) and tells the group: the abort flag
+  /// ends every peer's waits at once, without waiting for this rank's grid to end and its host
+  /// to abort (a grid some of whose blocks are not resident yet could not end).
   __device__ void fail(int code, int peer, std::uint64_t aux) {
     if (atomicCAS(&a.status->code, 0, code) == 0) {
       a.status->peer = peer;
       a.status->aux = aux;
     }
     __threadfence_system();
+    if (code != st_aborted) store_release_sys(*a.abort, 1);
   }
   __device__ bool stopped() const {
     return ::cuda::atomic_ref<const int, ::cuda::thread_scope_system>(*a.abort).load(::cuda::memory_order_relaxed) != 0 ||
@@ -118,6 +123,7 @@ struct device_env {
   template <class Ready>
   __device__ bool wait_block(int peer, Ready ready) {
     __shared__ int ok;
+    __syncthreads();  // every thread has read the previous wait's `ok` before thread 0 resets it
     if (threadIdx.x == 0) {
       ok = 1;
       unsigned backoff = 32;
@@ -220,14 +226,13 @@ struct device_env {
 
   /// Every block of this rank meets; what each wrote before is visible to all after (system
   /// scope: the data a block wrote may be read next by a peer's kernel).
-  /// (A one-block grid meets itself: the counter is left alone, and the host advances
-  /// barrier_base only for launches of more than one block.) False when a block of this rank
-  /// failed or the group aborted meanwhile: the walk stops.
+  /// (A one-block grid meets itself: the counter is left alone, and so is barrier_base.) False
+  /// when a block of this rank failed or the group aborted meanwhile: the walk stops.
   __device__ bool barrier() {
     __syncthreads();
     ++barriers;
     if (gridDim.x == 1) return true;
-    const std::uint64_t target = a.barrier_base + barriers * gridDim.x;
+    const std::uint64_t target = start + barriers * gridDim.x;
     if (threadIdx.x == 0) {
       __threadfence_system();
       ::cuda::atomic_ref<std::uint64_t, ::cuda::thread_scope_device>(*a.barrier).fetch_add(1, ::cuda::memory_order_acq_rel);
@@ -239,8 +244,8 @@ struct device_env {
   }
 };
 
-/// Barriers one launch of plan p passes (the host advances barrier_base by this x the grid,
-/// for a grid of more than one block).
+/// Barriers one launch of plan p passes (block 0 advances barrier_base by this x the grid, for
+/// a grid of more than one block).
 inline std::uint64_t barriers_of(const device::plan& p) {
   std::uint64_t k = 0;
   for (const auto& ph : p.phases) k += ph.barrier != 0;
@@ -249,12 +254,15 @@ inline std::uint64_t barriers_of(const device::plan& p) {
 
 template <class E, class Op>
 __global__ void __launch_bounds__(kThreads) plan_kernel(plan_args a, Op op) {
-  device_env<E, Op> env{a, op};
+  device_env<E, Op> env{a, op, *a.barrier_base};
   const bool ok = device::run_plan(a.plan, device::bases{a.bases, a.bases + a.size, a.bases + 2 * a.size}, env);
   // Every block has passed the last barrier (a plan ends with one), so nobody reads the bases
-  // any more: block 0 advances them for the next call.
-  if (ok && blockIdx.x == 0)
+  // any more (each block read barrier_base at its start, before it could reach the first
+  // barrier): block 0 advances them for the next call.
+  if (ok && blockIdx.x == 0) {
     for (int i = int(threadIdx.x); i < 3 * a.size; i += int(blockDim.x)) a.bases[i] += a.totals[i];
+    if (threadIdx.x == 0 && gridDim.x > 1 && env.barriers != 0) *a.barrier_base += env.barriers * gridDim.x;
+  }
 }
 
 /// Launches one rank's plan on `stream`.

@@ -106,6 +106,16 @@ class group {
           const cudaError_t e = cudaDeviceEnablePeerAccess(b, 0);
           if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) check(e, "cudaDeviceEnablePeerAccess");
           (void)cudaGetLastError();
+          // Peer access does not reach stream-ordered allocations (cudaMallocAsync: the plans,
+          // the scratch, and what users are told to allocate so): device b's kernels may read
+          // what device a's default pool holds.
+          cudaMemPool_t pool;
+          check(cudaDeviceGetDefaultMemPool(&pool, a), "cudaDeviceGetDefaultMemPool");
+          cudaMemAccessDesc d{};
+          d.location.type = cudaMemLocationTypeDevice;
+          d.location.id = b;
+          d.flags = cudaMemAccessFlagsProtReadWrite;
+          check(cudaMemPoolSetAccess(pool, &d, 1), "cudaMemPoolSetAccess");
         }
     // Mapped host memory: the abort flag, then one status per rank.
     check(cudaHostAlloc(&host_, sizeof(int) * 32 + sizeof(plan_status) * std::size_t(n_), cudaHostAllocMapped | cudaHostAllocPortable),
@@ -145,9 +155,12 @@ class group {
   /// The most blocks rank r's kernel may have when `per_sm` of its blocks fit on one
   /// multiprocessor: every block of every rank on the device must be resident at once
   /// (plan_kernel.cuh's grid barrier and the peers' waits), so they share the device.
+  /// Ranks sharing a device may run different kernels at once (one rank is already in its next
+  /// call), whose blocks need different resources: a block of headroom per rank absorbs what
+  /// the multiprocessors' fragmentation takes.
   int max_blocks(int r, int per_sm) const noexcept {
     const region& g = regions_[std::size_t(r)];
-    return std::max(1, g.sms * std::max(1, per_sm) / std::max(1, g.sharing));
+    return std::max(1, g.sms * std::max(1, per_sm) / std::max(1, g.sharing) - (g.sharing > 1 ? 1 : 0));
   }
   /// Ranks on rank r's device.
   int sharing(int r) const noexcept { return regions_[std::size_t(r)].sharing; }
@@ -164,11 +177,15 @@ class group {
   std::uint64_t* barrier(int r) const noexcept {
     return reinterpret_cast<std::uint64_t*>(regions_[std::size_t(r)].mem + std::size_t(n_) * (sizeof(inbox) + sizeof(ack)));
   }
+  /// The value rank r's barrier counter had when its current (or next) launch began: kept beside
+  /// the counter, on the device (a second transport for the rank finds it where it is).
+  std::uint64_t* barrier_base(int r) const noexcept { return barrier(r) + 8; }
   std::uint64_t* bases(int r) const noexcept { return barrier(r) + 16; }
   void** tables(int r) const noexcept { return reinterpret_cast<void**>(bases(r) + 3 * std::size_t(n_)); }
 
-  /// The abort flag as kernels read it, and the status of rank r (host and device addresses).
-  const int* abort_dev() const {
+  /// The abort flag as kernels read (and raise) it, and the status of rank r (host and device
+  /// addresses).
+  int* abort_dev() const {
     int* d = nullptr;
     check(cudaHostGetDevicePointer(reinterpret_cast<void**>(&d), host_, 0), "cudaHostGetDevicePointer");
     return d;
@@ -299,7 +316,7 @@ class transport {
   }
   transport(transport&& o) noexcept
       : g_(std::move(o.g_)), rank_(o.rank_), dev_(o.dev_), stream_(std::exchange(o.stream_, nullptr)),
-        tmp_(std::exchange(o.tmp_, nullptr)), tmp_bytes_(o.tmp_bytes_), barrier_base_(o.barrier_base_), abort_(o.abort_),
+        tmp_(std::exchange(o.tmp_, nullptr)), tmp_bytes_(o.tmp_bytes_), abort_(o.abort_),
         status_(o.status_) {}
   transport(const transport&) = delete;
   transport& operator=(const transport&) = delete;
@@ -388,7 +405,7 @@ class transport {
     a.acks_mine = reinterpret_cast<ack* const*>(t + 2 * n);
     a.acks_theirs = reinterpret_cast<ack* const*>(t + 3 * n);
     a.barrier = g_->barrier(rank_);
-    a.barrier_base = barrier_base_;
+    a.barrier_base = g_->barrier_base(rank_);
     a.status = status_;
     a.abort = abort_;
     a.sig = call.sig.hash();
@@ -413,7 +430,6 @@ class transport {
     std::memset(st, 0, sizeof *st);
     check(launch_plan<D, Op>(a, op, blocks, stream_), "launching the collective's kernel");
     check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
-    if (blocks > 1) barrier_base_ += p.barriers * std::uint64_t(blocks);  // a one-block grid leaves the counter
     const plan_status seen = *st;
     switch (seen.code) {
       case st_ok: return;
@@ -427,7 +443,13 @@ class transport {
         call.fail(errc::mismatch, "and " + call.peer(seen.peer) + " made different calls: this rank called " + call.sig.describe() +
                                       ", " + call.peer(seen.peer) + " another (its message's signature differs)");
       default: {
-        const int f = g_->first_failed();
+        // A peer's kernel raised the abort flag as it failed: its host names the cause as soon
+        // as that kernel has ended (a few microseconds; 200 ms at most here).
+        int f = g_->first_failed();
+        for (int i = 0; f < 0 && i < 200; ++i) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          f = g_->first_failed();
+        }
         call.fail(errc::peer_lost, "the job was aborted while waiting for " +
                                        (seen.peer >= 0 ? call.peer(seen.peer) : std::string("this rank's other blocks")) + ": " +
                                        (f >= 0 ? call.peer(f) + " failed: " + g_->why(f) : std::string("a rank failed")));
@@ -444,8 +466,7 @@ class transport {
   cudaStream_t stream_ = nullptr;
   void* tmp_ = nullptr;
   std::size_t tmp_bytes_ = 0;
-  std::uint64_t barrier_base_ = 0;
-  const int* abort_ = nullptr;
+  int* abort_ = nullptr;
   plan_status* status_ = nullptr;
 };
 

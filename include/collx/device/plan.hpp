@@ -132,8 +132,9 @@ inline plan lower(const schedule& s, int nranks, std::size_t elem, std::uint64_t
   };
   for (const step& st : s.steps()) {
     // Copies run in order on the host; here a phase's chunks run on many workers at once, so a
-    // copy that reads or writes what an earlier copy of its phase writes starts a new phase, and
-    // one whose source and destination overlap (memmove) runs whole on worker 0 (how = 1).
+    // copy that reads or writes what an earlier copy of its phase writes, or writes what one
+    // reads, starts a new phase, and one whose source and destination overlap (memmove) runs
+    // whole on worker 0 (how = 1).
     std::uint32_t copies_begin = std::uint32_t(p.ops.size());
     for (auto i = st.copies_begin; i < st.copies_end; ++i) {
       const copy_op& c = s.copies()[i];
@@ -142,7 +143,8 @@ inline plan lower(const schedule& s, int nranks, std::size_t elem, std::uint64_t
       bool depends = false;
       for (auto j = copies_begin; j < p.ops.size(); ++j) {
         const plan_op& e = p.ops[j];
-        if (overlaps(db, off(c.dst), len, e.dst_buf, e.dst_off, e.bytes) || overlaps(sb, off(c.src), len, e.dst_buf, e.dst_off, e.bytes))
+        if (overlaps(db, off(c.dst), len, e.dst_buf, e.dst_off, e.bytes) || overlaps(sb, off(c.src), len, e.dst_buf, e.dst_off, e.bytes) ||
+            overlaps(db, off(c.dst), len, e.src_buf, e.src_off, e.bytes))
           depends = true;
       }
       if (depends) {
