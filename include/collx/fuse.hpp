@@ -157,19 +157,33 @@ class fused {
         detail::all_reduce_impl<T, E>(c, call, detail::spread_buffers<E>{&spread, &spread}, total, op, algo);
         return;
       }
-      // A transport that cannot move spread buffers: the parts are packed into the
-      // communicator's pack buffer: reused from call to call, never initialised (a training
-      // step packs the same shapes every time).
-      E* buf = reinterpret_cast<E*>(c.pack_buffer(total * sizeof(E)));
+      // A transport that cannot move spread buffers: the parts are packed into a pack buffer,
+      // reused from call to call, never initialised (a training step packs the same shapes
+      // every time): the communicator's in host memory; in the transport's own memory (a
+      // device's) through its pack_buffer and copy_local, never a host memcpy on its pointers.
+      std::byte* raw = nullptr;
+      if constexpr (detail::host_memory_v<T>) {
+        raw = c.pack_buffer(total * sizeof(E));
+      } else {
+        static_assert(requires(T& t) { { t.pack_buffer(std::size_t{}) } -> std::same_as<std::byte*>; },
+                      "collx: fused all-reduces over a transport whose memory_space is not host_memory need its "
+                      "`std::byte* pack_buffer(std::size_t bytes)` (memory of its space, kept from call to call)");
+        raw = c.transport().pack_buffer(total * sizeof(E));
+      }
+      E* buf = reinterpret_cast<E*>(raw);
       std::size_t at = 0;
       for (const part& p : parts) {
-        if (p.n != 0) std::memcpy(buf + at, p.in, p.n * sizeof(E));
+        if (p.n != 0)
+          detail::local_copy(c.transport(), reinterpret_cast<std::byte*>(buf + at), reinterpret_cast<const std::byte*>(p.in),
+                             p.n * sizeof(E));
         at += p.n;
       }
       collx::all_reduce(c, std::span<E>(buf, total), op, algo);
       at = 0;
       for (const part& p : parts) {
-        if (p.n != 0) std::memcpy(p.out, buf + at, p.n * sizeof(E));
+        if (p.n != 0)
+          detail::local_copy(c.transport(), reinterpret_cast<std::byte*>(p.out), reinterpret_cast<const std::byte*>(buf + at),
+                             p.n * sizeof(E));
         at += p.n;
       }
     }

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <cstring>
 #include <numeric>
 #include <string>
@@ -44,6 +45,8 @@ struct device_vec {
     collx::cuda::check(cudaStreamSynchronize(cudaStreamPerThread), "cudaStreamSynchronize");
   }
   device_vec(const std::vector<E>& h) : device_vec(h.size()) { put(h); }
+  device_vec(const device_vec&) = delete;
+  device_vec& operator=(const device_vec&) = delete;
   ~device_vec() { cudaFreeAsync(p, cudaStreamPerThread); }
   void put(const std::vector<E>& h) {
     collx::cuda::check(cudaMemcpyAsync(p, h.data(), h.size() * sizeof(E), cudaMemcpyHostToDevice, cudaStreamPerThread), "cudaMemcpyAsync");
@@ -223,7 +226,90 @@ int main(int argc, char** argv) {
     std::printf("collectives at N=%d: done (%.1f s)\n", n, std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count());
   }
 
-  // 3. errors end every wait
+  // 3. splits: the pairs of a job (as DP/TP groups are), each reducing on its own group, then
+  // the job again, and a split of a split
+  for (int n : {4, 5}) {
+    std::vector<std::string> notes(static_cast<std::size_t>(n));
+    try {
+      collx::cuda::launch_threads(n, [&](auto& comm) {
+        const int r = comm.rank();
+        std::string& note = notes[std::size_t(r)];
+        auto pair = comm.split(r / 2, r, "pair");
+        const int first = r / 2 * 2, members = std::min(2, n - first);
+        std::vector<std::int32_t> h(1000);
+        for (std::size_t i = 0; i < h.size(); ++i) h[i] = val(r, i);
+        device_vec<std::int32_t> d(h);
+        collx::all_reduce(pair, d.span(), collx::ops::sum{});
+        auto got = d.get();
+        for (std::size_t i = 0; i < h.size() && note.empty(); ++i) {
+          std::int32_t want = 0;
+          for (int q = first; q < first + members; ++q) want += val(q, i);
+          if (got[i] != want) note = "the pair's all_reduce is wrong at " + std::to_string(i);
+        }
+        device_vec<std::int32_t> e(h);
+        collx::all_reduce(comm, e.span(), collx::ops::sum{});
+        got = e.get();
+        for (std::size_t i = 0; i < h.size() && note.empty(); ++i) {
+          std::int32_t want = 0;
+          for (int q = 0; q < n; ++q) want += val(q, i);
+          if (got[i] != want) note = "the job's all_reduce after the split is wrong at " + std::to_string(i);
+        }
+        auto alone = pair.split(pair.rank(), 0, "alone");
+        device_vec<std::int32_t> f(h);
+        collx::all_reduce(alone, f.span(), collx::ops::sum{});
+        got = f.get();
+        for (std::size_t i = 0; i < h.size() && note.empty(); ++i)
+          if (got[i] != h[i]) note = "a one-rank split's all_reduce changed element " + std::to_string(i);
+      }, bounded());
+      std::string first;
+      for (int r = 0; r < n && first.empty(); ++r)
+        if (!notes[std::size_t(r)].empty()) first = "rank " + std::to_string(r) + ": " + notes[std::size_t(r)];
+      expect(first.empty(), "splits at N=" + std::to_string(n) + ": " + first);
+    } catch (const std::exception& e) {
+      expect(false, "splits at N=" + std::to_string(n) + ": " + e.what());
+    }
+  }
+  std::printf("splits: done\n");
+
+  // 4. a fused batch of all-reduces: packed into the transport's device pack buffer
+  for (int n : {2, 3}) {
+    std::vector<std::string> notes(static_cast<std::size_t>(n));
+    try {
+      collx::cuda::launch_threads(n, [&](auto& comm) {
+        const int r = comm.rank();
+        const std::size_t sizes[3] = {1000, 1, 4099};
+        std::vector<std::unique_ptr<device_vec<std::int32_t>>> bufs;
+        for (std::size_t b = 0; b < 3; ++b) {
+          std::vector<std::int32_t> h(sizes[b]);
+          for (std::size_t i = 0; i < h.size(); ++i) h[i] = val(r, i + 10000 * b);
+          bufs.push_back(std::make_unique<device_vec<std::int32_t>>(h));
+        }
+        collx::fused batch(comm);
+        for (auto& b : bufs) batch.all_reduce(b->span(), collx::ops::sum{});
+        batch.run();
+        for (std::size_t b = 0; b < 3 && notes[std::size_t(r)].empty(); ++b) {
+          const auto got = bufs[b]->get();
+          for (std::size_t i = 0; i < sizes[b]; ++i) {
+            std::int32_t want = 0;
+            for (int q = 0; q < n; ++q) want += val(q, i + 10000 * b);
+            if (got[i] != want) {
+              notes[std::size_t(r)] = "part " + std::to_string(b) + " wrong at " + std::to_string(i);
+              break;
+            }
+          }
+        }
+      }, bounded());
+      std::string first;
+      for (int r = 0; r < n && first.empty(); ++r)
+        if (!notes[std::size_t(r)].empty()) first = "rank " + std::to_string(r) + ": " + notes[std::size_t(r)];
+      expect(first.empty(), "fused at N=" + std::to_string(n) + ": " + first);
+    } catch (const std::exception& e) {
+      expect(false, "fused at N=" + std::to_string(n) + ": " + e.what());
+    }
+  }
+  std::printf("fused: done\n");
+
+  // 5. errors end every wait
   collx::options o;
   o.timeout = std::chrono::milliseconds(500);
   {

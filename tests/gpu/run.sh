@@ -3,7 +3,8 @@
 #   tests/gpu/run.sh OUTDIR
 # builds the CUDA tests and benchmark (COLLX_GPU_ONLY: no Catch2 or other packages needed, every
 # kernel for sm_80 and sm_90), runs test_cuda (every dtype x op against the host reference, every
-# collective x policy at N = 1, 2, 4, 8 thread-ranks on device 0, the errors), then
+# collective x policy at N = 1, 2, 4, 8 thread-ranks on device 0, splits, a fused batch, the
+# errors), then
 # collx-cuda-bench (the reduction against cub::DeviceTransform, a device copy, the collectives
 # of 1 GiB at N = 2, 4, 8, an 8 B all_reduce beside NCCL's one-rank call), and writes every log
 # and summary.txt under OUTDIR. It ends in under 8 minutes: each step has its own time limit.
@@ -50,7 +51,7 @@ tail -3 "$out/ctest.log" | tee -a "$out/summary.txt"
 say "test_cuda: dtype x op, collectives x policies at N = 1, 2, 4, 8, errors"
 timeout 150 build-gpu/tests/cuda/test_cuda >"$out/test_cuda.txt" 2>&1
 rc_test=$?
-grep -E "^FAIL|checks|device 0|instances|collectives at|timeout|mismatch|skipped" "$out/test_cuda.txt" | head -40 | tee -a "$out/summary.txt"
+grep -E "^FAIL|checks|device 0|instances|collectives at|splits|fused|timeout|mismatch|skipped" "$out/test_cuda.txt" | head -40 | tee -a "$out/summary.txt"
 say "test_cuda exit status $rc_test (0 passed, 77 skipped: no device)"
 
 say "ranks as processes (VMM / cudaIpc): not built yet"

@@ -26,6 +26,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <map>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -41,6 +42,7 @@
 #include "../device/plan.hpp"
 #include "../error.hpp"
 #include "../signature.hpp"
+#include "../split_plan.hpp"
 #include "plan_kernel.cuh"
 #include "reduce.cuh"
 
@@ -183,6 +185,34 @@ class group {
   std::uint64_t* bases(int r) const noexcept { return barrier(r) + 16; }
   void** tables(int r) const noexcept { return reinterpret_cast<void**>(bases(r) + 3 * std::size_t(n_)); }
 
+  /// The group of a communicator split from this one (split_plan.hpp): every member asks for
+  /// it, the first makes it (its ranks on the devices their parent ranks are on), the last
+  /// takes it out of the registry. It has its own counters, abort flag and statuses.
+  static std::shared_ptr<group> join_split(const std::shared_ptr<group>& parent, const split_plan& p) {
+    struct entry {
+      std::shared_ptr<group> g;
+      int joined = 0;
+    };
+    static std::mutex mu;
+    static std::map<std::pair<const group*, std::string>, entry> registry;
+    std::lock_guard lk(mu);
+    const auto key = std::pair{static_cast<const group*>(parent.get()), p.id};
+    entry& e = registry[key];
+    if (!e.g) {
+      std::vector<int> devices;
+      for (int m : p.members) devices.push_back(parent->device_of(m));
+      try {
+        e.g = std::make_shared<group>(p.size, std::move(devices));
+      } catch (...) {
+        registry.erase(key);
+        throw;
+      }
+    }
+    std::shared_ptr<group> g = e.g;
+    if (++e.joined == p.size) registry.erase(key);
+    return g;
+  }
+
   /// The abort flag as kernels read (and raise) it, and the status of rank r (host and device
   /// addresses).
   int* abort_dev() const {
@@ -316,13 +346,15 @@ class transport {
   }
   transport(transport&& o) noexcept
       : g_(std::move(o.g_)), rank_(o.rank_), dev_(o.dev_), stream_(std::exchange(o.stream_, nullptr)),
-        tmp_(std::exchange(o.tmp_, nullptr)), tmp_bytes_(o.tmp_bytes_), abort_(o.abort_),
+        tmp_(std::exchange(o.tmp_, nullptr)), tmp_bytes_(o.tmp_bytes_), pack_(std::exchange(o.pack_, nullptr)),
+        pack_bytes_(o.pack_bytes_), abort_(o.abort_),
         status_(o.status_) {}
   transport(const transport&) = delete;
   transport& operator=(const transport&) = delete;
   transport& operator=(transport&&) = delete;
   ~transport() {
     if (tmp_) cudaFreeAsync(tmp_, stream_);
+    if (pack_) cudaFreeAsync(pack_, stream_);
     if (stream_) {
       cudaStreamSynchronize(stream_);
       cudaStreamDestroy(stream_);
@@ -343,7 +375,26 @@ class transport {
     g_->fail(rank_, why);
     g_->wait_peers_idle(rank_, kAbortReadWait);
   }
+
+  /// Splits (communicator::split): the members of a part share a new group, made by the first
+  /// of them to come (cuda::group::join_split); nothing is exchanged beforehand.
+  split_offer prepare_split() { return {}; }
+  transport split(const split_plan& p, split_offer&&) const { return transport(group::join_split(g_, p), p.rank); }
   static constexpr std::chrono::seconds kAbortReadWait{2};
+
+  /// Device memory of at least `bytes`, kept from call to call (a fused batch packs its parts
+  /// into it: fuse.hpp); stream-ordered, as the scratch.
+  std::byte* pack_buffer(std::size_t bytes) {
+    if (bytes > pack_bytes_) {
+      check(cudaSetDevice(dev_), "cudaSetDevice");
+      void* old = std::exchange(pack_, nullptr);
+      pack_bytes_ = 0;
+      if (old) check(cudaFreeAsync(old, stream_), "cudaFreeAsync (the pack buffer)");
+      check(cudaMallocAsync(&pack_, bytes, stream_), "cudaMallocAsync (the pack buffer)");
+      pack_bytes_ = bytes;
+    }
+    return static_cast<std::byte*>(pack_);
+  }
 
   void copy_local(std::byte* dst, const std::byte* src, std::size_t bytes) {
     check(cudaSetDevice(dev_), "cudaSetDevice");
@@ -466,6 +517,8 @@ class transport {
   cudaStream_t stream_ = nullptr;
   void* tmp_ = nullptr;
   std::size_t tmp_bytes_ = 0;
+  void* pack_ = nullptr;
+  std::size_t pack_bytes_ = 0;
   int* abort_ = nullptr;
   plan_status* status_ = nullptr;
 };
