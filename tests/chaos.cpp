@@ -326,7 +326,8 @@ int main(int argc, char** argv) {
       if (m.after_wrong.load() != 0) note += " rank " + std::to_string(r) + ": " + std::to_string(m.after_wrong.load()) + " wrong after the shrink";
       if (m.shrunk.load() != 1) {
         ++shrink_failed;
-        note += " rank " + std::to_string(r) + "'s shrink failed: " + m.shrink_error;
+        note += " rank " + std::to_string(r) + "'s shrink failed: " + m.shrink_error + " (its failure, " +
+                std::to_string(fault != 0 ? (m.error_ns - fault) / 1000000 : 0) + " ms after the fault: " + m.error + ")";
       } else {
         int shrank = 0;
         for (int q = 0; q < p.n; ++q) shrank += rep->rank[q].shrunk.load() == 1;

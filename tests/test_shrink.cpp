@@ -265,6 +265,50 @@ TEST_CASE("shrink over threads: a rank that joins after the deadline is left out
   CHECK(code[2] == int(collx::errc::peer_lost));
 }
 
+namespace {
+/// inproc whose splits fail on rank 0 of the parent, in the transport's own part of the split
+/// (after the members have agreed: as a member that died before attaching makes them fail).
+template <class Inner>
+class split_fails_on_rank_0 : public Inner {
+ public:
+  explicit split_fails_on_rank_0(Inner t) : Inner(std::move(t)) {}
+  split_fails_on_rank_0 split(const collx::split_plan& p, collx::split_offer&& o) const {
+    if (this->rank() == 0) throw collx::error(collx::errc::peer_lost, "injected: the split's rank 3 died before attaching");
+    return split_fails_on_rank_0(Inner::split(p, std::move(o)));
+  }
+  split_fails_on_rank_0 shrink(const collx::shrink_request& q, std::vector<int>& members) {
+    return split_fails_on_rank_0(Inner::shrink(q, members));
+  }
+};
+}  // namespace
+
+TEST_CASE("shrink over threads: a rank whose split failed in its transport names that failure when it revokes", "[threads]") {
+  // Rank 0's split fails after the agreement; the others made theirs and wait for rank 0 in a
+  // call on the parent. Rank 0 shrinks the parent, revoking it: what the others are told must
+  // carry rank 0's cause (before the fix it said only that rank 0 revoked it).
+  collx::options o;
+  o.timeout = 5s;
+  std::vector<std::string> told(4);
+  collx::launch_threads<split_fails_on_rank_0>(4, [&](auto& comm) {
+    const int r = comm.rank();
+    try {
+      auto half = comm.split(r % 2, r, "half");
+      int x = 1;
+      collx::all_reduce(comm, std::span(&x, 1), collx::ops::sum{});
+    } catch (const collx::error& e) {
+      told[std::size_t(r)] = e.what();
+    }
+    auto c2 = comm.shrink();
+    collx::barrier(c2);
+  }, o);
+  CHECK(told[0].find("injected") != std::string::npos);
+  for (int r = 1; r < 4; ++r) {
+    INFO("rank " << r << ": " << told[std::size_t(r)]);
+    CHECK(told[std::size_t(r)].find("revoked it (this rank's last failed call: injected: the split's rank 3 died before attaching)") !=
+          std::string::npos);
+  }
+}
+
 TEST_CASE("shrink over threads: a shrunk communicator shrinks again after its own loss", "[threads]") {
   std::vector<int> final_size(5, -1);
   try {

@@ -75,7 +75,15 @@ communicator<T> communicator<T>::split(int color, int key, const std::string& na
 template <class T>
 communicator<T> communicator<T>::child_of(split_plan plan, split_offer&& offer, const std::string& name) {
   plan.timeout = opts().timeout;
-  return adopt(transport().split(plan, std::move(offer)), plan.id, plan.members, name);
+  try {
+    return adopt(transport().split(plan, std::move(offer)), plan.id, plan.members, name);
+  } catch (const std::exception& e) {
+    // A failure of the transport's own (a member that died before attaching, a full
+    // /dev/shm) is this rank's last failed call too: a shrink's revoke, or the communicator's
+    // end, tells peers this cause (the chaos run found a revoke that named no dead rank).
+    detail::note_last_error(e.what());
+    throw;
+  }
 }
 
 template <class T>
@@ -113,7 +121,14 @@ communicator<T> communicator<T>::shrink(const std::string& name) {
   revoke_children(why);
   std::vector<int> members;
   const auto began = std::chrono::steady_clock::now();
-  T t = transport().shrink(q, members);
+  T t = [&] {
+    try {
+      return transport().shrink(q, members);
+    } catch (const std::exception& e) {
+      detail::note_last_error(e.what());  // as child_of's
+      throw;
+    }
+  }();
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - began).count();
   if (s_->dbg.on(debug_level::info)) {
     std::string lost;

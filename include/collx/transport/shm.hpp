@@ -91,14 +91,30 @@ class shm {
   /// Which member of a communicator being made from this one has died (its rank there), or -1:
   /// split() and shrink() give it to the new transport's attach, which then fails at once,
   /// naming the member, instead of waiting for it until the deadline.
+  ///
+  /// A split's also counts a member that failed on the parent (its state there): one whose own
+  /// part of the split's agreement failed (a peer died during it) never comes, and the others
+  /// would wait for it until the attach deadline, past their shrink's. A shrink's does not: its
+  /// members have all revoked the parent, which marks them failed there.
   struct members_of {
     const shm* parent;
     const std::vector<int>* members;  // their ranks on the parent
+    bool failed_counts = false;       // a split's
     int gone() const {
-      for (std::size_t k = 0; k < members->size(); ++k)
-        if ((*members)[k] != parent->rank_ && shm_detail::probe(&parent->rc((*members)[k]).alive) != shm_detail::holder::alive)
-          return int(k);
+      for (std::size_t k = 0; k < members->size(); ++k) {
+        const int m = (*members)[k];
+        if (m == parent->rank_) continue;
+        if (shm_detail::probe(&parent->rc(m).alive) != shm_detail::holder::alive) return int(k);
+        if (failed_counts && parent->rc(m).state.load(std::memory_order_seq_cst) == shm_layout::kFailed) return int(k);
+      }
       return -1;
+    }
+    /// Why member k is gone: what it wrote when it failed on the parent, or that it died.
+    std::string why(int k) const {
+      shm_layout::rank_ctl& r = parent->rc((*members)[std::size_t(k)]);
+      if (shm_detail::probe(&r.alive) == shm_detail::holder::alive && r.state.load() == shm_layout::kFailed)
+        return "failed on it: " + std::string(r.why, strnlen(r.why, sizeof r.why));
+      return "died";
     }
   };
 
@@ -139,7 +155,7 @@ class shm {
   /// one's and the split's id, made as a job's is (its rank 0 creates it, the others join).
   split_offer prepare_split() { return {}; }
   shm split(const split_plan& p, split_offer&&) const {
-    const members_of from{this, &p.members};
+    const members_of from{this, &p.members, true};
     return shm(name_.substr(std::strlen("/collx-")) + "." + p.id, p.rank, p.size, cfg_, &from);
   }
 
@@ -662,7 +678,7 @@ class shm {
     if (const int k = from->gone(); k >= 0) {
       if (base_ != nullptr) release();
       throw error(errc::peer_lost, who() + ": its rank " + std::to_string(k) + " (rank " + std::to_string((*from->members)[std::size_t(k)]) +
-                                       " of the communicator it is made from) died " + doing);
+                                       " of the communicator it is made from) " + from->why(k) + ", " + doing);
     }
   }
 
