@@ -11,8 +11,11 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace collx {
@@ -47,5 +50,34 @@ struct shrink_request {
   std::chrono::nanoseconds timeout{};  // how long the survivors wait for each other
   std::string what;                    // "shrink #1 of the job's communicator on rank 3": for messages
 };
+
+namespace detail {
+/// The group of a communicator split from `parent` (split_plan::id), for transports whose
+/// ranks are threads of one process (inproc's, cuda's): every member asks for it, the first
+/// makes it (`make()`), the last takes it out of the registry.
+template <class G, class Make>
+std::shared_ptr<G> join_split_group(const G* parent, const split_plan& p, Make make) {
+  struct entry {
+    std::shared_ptr<G> g;
+    int joined = 0;
+  };
+  static std::mutex mu;
+  static std::map<std::pair<const G*, std::string>, entry> registry;
+  std::lock_guard lk(mu);
+  const auto key = std::pair{parent, p.id};
+  entry& e = registry[key];
+  if (!e.g) {
+    try {
+      e.g = make();
+    } catch (...) {
+      registry.erase(key);
+      throw;
+    }
+  }
+  std::shared_ptr<G> g = e.g;
+  if (++e.joined == p.size) registry.erase(key);
+  return g;
+}
+}  // namespace detail
 
 }  // namespace collx

@@ -76,6 +76,13 @@ constexpr bool has_bcast = std::is_same_v<A, al::automatic> ||
                            (requires(const A& a, const al::bcast_problem& p) { a.broadcast(p); } &&
                             requires(const A& a, const al::reduce_problem& p) { a.reduce(p); });
 
+/// The first rank's note, "rank r: what", or "" when every rank's is empty.
+std::string first_note(const std::vector<std::string>& notes) {
+  for (std::size_t r = 0; r < notes.size(); ++r)
+    if (!notes[r].empty()) return "rank " + std::to_string(r) + ": " + notes[r];
+  return {};
+}
+
 /// A deadline short enough that a hang shows as an error naming the peer well inside
 /// tests/gpu/run.sh's limit for the whole test.
 collx::options bounded() {
@@ -172,9 +179,7 @@ void collectives(int n, const char* pname) {
       expect(false, where + ": " + e.what());
       continue;
     }
-    std::string first;
-    for (int r = 0; r < n && first.empty(); ++r)
-      if (!notes[std::size_t(r)].empty()) first = "rank " + std::to_string(r) + ": " + notes[std::size_t(r)];
+    const std::string first = first_note(notes);
     expect(first.empty(), where + ": " + first);
   }
 }
@@ -261,9 +266,7 @@ int main(int argc, char** argv) {
         for (std::size_t i = 0; i < h.size() && note.empty(); ++i)
           if (got[i] != h[i]) note = "a one-rank split's all_reduce changed element " + std::to_string(i);
       }, bounded());
-      std::string first;
-      for (int r = 0; r < n && first.empty(); ++r)
-        if (!notes[std::size_t(r)].empty()) first = "rank " + std::to_string(r) + ": " + notes[std::size_t(r)];
+      const std::string first = first_note(notes);
       expect(first.empty(), "splits at N=" + std::to_string(n) + ": " + first);
     } catch (const std::exception& e) {
       expect(false, "splits at N=" + std::to_string(n) + ": " + e.what());
@@ -299,9 +302,7 @@ int main(int argc, char** argv) {
           }
         }
       }, bounded());
-      std::string first;
-      for (int r = 0; r < n && first.empty(); ++r)
-        if (!notes[std::size_t(r)].empty()) first = "rank " + std::to_string(r) + ": " + notes[std::size_t(r)];
+      const std::string first = first_note(notes);
       expect(first.empty(), "fused at N=" + std::to_string(n) + ": " + first);
     } catch (const std::exception& e) {
       expect(false, "fused at N=" + std::to_string(n) + ": " + e.what());

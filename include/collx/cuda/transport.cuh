@@ -26,7 +26,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <map>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -189,28 +188,11 @@ class group {
   /// it, the first makes it (its ranks on the devices their parent ranks are on), the last
   /// takes it out of the registry. It has its own counters, abort flag and statuses.
   static std::shared_ptr<group> join_split(const std::shared_ptr<group>& parent, const split_plan& p) {
-    struct entry {
-      std::shared_ptr<group> g;
-      int joined = 0;
-    };
-    static std::mutex mu;
-    static std::map<std::pair<const group*, std::string>, entry> registry;
-    std::lock_guard lk(mu);
-    const auto key = std::pair{static_cast<const group*>(parent.get()), p.id};
-    entry& e = registry[key];
-    if (!e.g) {
+    return detail::join_split_group<group>(parent.get(), p, [&] {
       std::vector<int> devices;
       for (int m : p.members) devices.push_back(parent->device_of(m));
-      try {
-        e.g = std::make_shared<group>(p.size, std::move(devices));
-      } catch (...) {
-        registry.erase(key);
-        throw;
-      }
-    }
-    std::shared_ptr<group> g = e.g;
-    if (++e.joined == p.size) registry.erase(key);
-    return g;
+      return std::make_shared<group>(p.size, std::move(devices));
+    });
   }
 
   /// The abort flag as kernels read (and raise) it, and the status of rank r (host and device

@@ -89,23 +89,12 @@ class inproc {
     /// it, the first makes it, the last takes it out of the registry. Its ranks are gone when
     /// they are gone here (a thread that left or failed the job has left every group).
     static std::shared_ptr<group> join_split(const std::shared_ptr<group>& parent, const split_plan& p) {
-      struct entry {
-        std::shared_ptr<group> g;
-        int joined = 0;
-      };
-      static std::mutex mu;
-      static std::map<std::pair<const group*, std::string>, entry> registry;
-      std::lock_guard lk(mu);
-      const auto key = std::pair{static_cast<const group*>(parent.get()), p.id};
-      entry& e = registry[key];
-      if (!e.g) {
-        e.g = std::make_shared<group>(p.size);
-        e.g->parent_ = parent;
-        e.g->members_ = p.members;
-      }
-      std::shared_ptr<group> g = e.g;
-      if (++e.joined == p.size) registry.erase(key);
-      return g;
+      return detail::join_split_group<group>(parent.get(), p, [&] {
+        auto g = std::make_shared<group>(p.size);
+        g->parent_ = parent;
+        g->members_ = p.members;
+        return g;
+      });
     }
 
     /// State of type X that a transport standing on this group keeps for all its ranks
