@@ -310,7 +310,7 @@ class flight_recorder {
         if (r.policy != nullptr) set_name(e.sig.policy, r.policy);
         e.end_ns = end;
         e.waited_ns = r.waited_live.load(std::memory_order_relaxed);
-        std::copy_n(top.begin(), n_top, e.peers.begin());  // (entries read only the first n_peers)
+        e.peers = top;
         e.n_peers = n_top;
         e.code = r.code;
         if (failed) e.error = r.error.empty() ? "failed (an exception left the call)" : r.error;
@@ -457,7 +457,6 @@ class flight_recorder {
   /// Entry i under mu_, with a running call's live wait state.
   flight_entry snapshot(std::uint64_t i) const {
     flight_entry e = ring_[std::size_t(i % cap())];
-    for (int k = std::max(e.n_peers, 0); k < int(flight_entry::kPeers); ++k) e.peers[std::size_t(k)] = {};  // (close copies only n_peers)
     if (e.state == call_state::running)
       for (int d = 0; d < kDepth; ++d)
         if (open_[d].live && open_[d].index == i) {

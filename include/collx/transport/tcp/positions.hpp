@@ -220,10 +220,12 @@ inline tcp_wire::position_answer answer_of(const detail::position& p) {
   return a;
 }
 
+/// Whether this process (`me`) serves p at all: its own (not a forked parent's), not being shrunk.
+inline bool served_here(const query_point& p, pid_t me) { return !p.shrinking && p.pid == me; }
+
 /// Whether p's listener is one a wait may accept on now.
-inline bool servable(const query_point& p, net::clock::time_point now) {
-  return p.listener >= 0 && p.pid == ::getpid() && !p.shrinking && p.parked.size() + p.pending.size() < p.max_parked() &&
-         now >= p.quiet_until;
+inline bool servable(const query_point& p, net::clock::time_point now, pid_t me) {
+  return p.listener >= 0 && served_here(p, me) && p.parked.size() + p.pending.size() < p.max_parked() && now >= p.quiet_until;
 }
 
 /// What became of a connection accepted on a listener (classify).
@@ -266,8 +268,8 @@ inline void add_listeners(std::vector<pollfd>& pfd) {
   const auto now = net::clock::now();
   const pid_t me = ::getpid();
   for (const query_point* p : r.all) {
-    if (p->shrinking || p->pid != me) continue;
-    if (servable(*p, now)) pfd.push_back({p->listener, POLLIN, 0});
+    if (!served_here(*p, me)) continue;
+    if (servable(*p, now, me)) pfd.push_back({p->listener, POLLIN, 0});
     for (const auto& c : p->pending) pfd.push_back({c.fd, POLLIN, 0});
   }
 }
@@ -283,14 +285,15 @@ inline void serve_listeners(const std::vector<pollfd>& pfd, std::size_t from) {
   auto& r = query_registry::get();
   std::lock_guard g(r.mu);
   const auto now = net::clock::now();
+  const pid_t me = ::getpid();
   for (std::size_t i = from; i < pfd.size(); ++i) {
     if (pfd[i].revents == 0) continue;
     const int fd = pfd[i].fd;
     for (query_point* pp : r.all) {
       query_point& p = *pp;
-      if (p.shrinking || p.pid != ::getpid()) continue;
+      if (!served_here(p, me)) continue;
       if (p.listener == fd) {
-        for (int k = 0; k < kPerPass && servable(p, now); ++k) {
+        for (int k = 0; k < kPerPass && servable(p, now, me); ++k) {
           const int f = ::accept4(fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
           if (f < 0) {
             // Out of descriptors (or the like): the listener stays readable; leave it a while
