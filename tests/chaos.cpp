@@ -9,7 +9,12 @@
 // desync report over shm); a rank that waits on one that waits on the stopped rank, or that
 // stopped between calls, names the rank it waited for: counted, not required.
 //
-//   collx-chaos --transport shm|tcp --seconds S [--seed X] [--ranks-max N]
+//   collx-chaos --transport shm|tcp --seconds S [--seed X] [--ranks-max N] [--trace PATH]
+//
+// A trial that hangs is shown before it is killed: each of its processes' state and kernel
+// wait channel, then the flight recorders' dumps (SIGUSR2, COLLX_DUMP_ON_SIGUSR2=1) read by
+// collx-trace (--trace: its path). A survivor whose error came late after a stop (more than
+// 1.5 s, with COLLX_TIMEOUT_S=1) is shown with its error: both are for finding out why.
 //
 // Each trial runs in a process of its own (its ranks are its children, in its process group),
 // so a trial that hangs is seen from outside and killed whole: the run never hangs itself.
@@ -19,6 +24,7 @@
 // without it once their shrink's deadline (the same) has passed, and then kill it (as the job's
 // launcher would), or launch_processes does once one of them has failed.
 // Exit status 0 when every count that must be 0 is; 1 otherwise; 2 for bad flags.
+#include <dirent.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -29,6 +35,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
 #include <thread>
@@ -221,6 +229,49 @@ void run_trial(const plan& p, const std::string& transport, trial_report& rep) {
   }
 }
 
+/// The processes of process group `pg`, each with its state and kernel wait channel
+/// (/proc/<pid>/stat, wchan): a hung trial's ranks spinning (R) or asleep (S) and where.
+std::string group_states(pid_t pg) {
+  std::string out;
+  if (DIR* d = ::opendir("/proc")) {
+    while (dirent* e = ::readdir(d)) {
+      if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+      std::ifstream st(std::string("/proc/") + e->d_name + "/stat");
+      std::string line;
+      std::getline(st, line);
+      const std::size_t close = line.rfind(')');
+      if (close == std::string::npos) continue;
+      char state = '?';
+      long ppid = 0, pgrp = 0;
+      if (std::sscanf(line.c_str() + close + 1, " %c %ld %ld", &state, &ppid, &pgrp) != 3 || pgrp != pg) continue;
+      std::ifstream wc(std::string("/proc/") + e->d_name + "/wchan");
+      std::string wchan;
+      std::getline(wc, wchan);
+      int threads = 0;
+      if (DIR* t = ::opendir((std::string("/proc/") + e->d_name + "/task").c_str())) {
+        while (dirent* te = ::readdir(t)) threads += te->d_name[0] != '.';
+        ::closedir(t);
+      }
+      out += std::string("    pid ") + e->d_name + " (parent " + std::to_string(ppid) + "): state " + state + ", wchan " +
+             (wchan.empty() ? "-" : wchan) + ", " + std::to_string(threads) + " threads\n";
+    }
+    ::closedir(d);
+  }
+  return out;
+}
+
+/// What collx-trace says about the dumps in `dir` (none: empty).
+std::string trace_of(const std::string& tool, const std::string& dir) {
+  if (tool.empty()) return "    (no --trace: the dumps are in " + dir + ")\n";
+  std::string out;
+  if (FILE* f = ::popen(("'" + tool + "' '" + dir + "' 2>&1").c_str(), "r")) {
+    char buf[4096];
+    while (std::fgets(buf, sizeof buf, f) != nullptr) out += std::string("    ") + buf;
+    ::pclose(f);
+  }
+  return out;
+}
+
 /// Whether `msg` names rank v as a rank ("rank 3" not followed by a digit), or as a job rank.
 bool names_rank(const std::string& msg, int v) {
   for (const std::string& w : {"rank " + std::to_string(v), "job rank " + std::to_string(v)}) {
@@ -239,6 +290,7 @@ int main(int argc, char** argv) {
   double seconds = 20;
   std::uint64_t seed = std::random_device{}();
   int ranks_max = kMaxRanks;
+  std::string trace_tool;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -252,8 +304,9 @@ int main(int argc, char** argv) {
     else if (a == "--seconds") seconds = std::stod(value());
     else if (a == "--seed") seed = std::stoull(value());
     else if (a == "--ranks-max") ranks_max = std::clamp(std::stoi(value()), 3, kMaxRanks);
+    else if (a == "--trace") trace_tool = value();
     else {
-      std::fprintf(stderr, "usage: collx-chaos --transport shm|tcp --seconds S [--seed X] [--ranks-max N]\n");
+      std::fprintf(stderr, "usage: collx-chaos --transport shm|tcp --seconds S [--seed X] [--ranks-max N] [--trace PATH]\n");
       return 2;
     }
   }
@@ -279,10 +332,17 @@ int main(int argc, char** argv) {
     p.delay_ms = 2 + int(rng() % 150);
     p.seed = rng();
     std::memset(static_cast<void*>(rep), 0, sizeof *rep);
+    // Each trial's ranks dump their flight recorders here on a failed call and on SIGUSR2;
+    // kept only when the trial hangs.
+    const std::string dumps = (std::filesystem::temp_directory_path() / ("collx-chaos-" + std::to_string(::getpid()) + "-" +
+                                                                         std::to_string(trials + 1))).string();
     const pid_t t = ::fork();
     if (t < 0) return 1;
     if (t == 0) {
       ::setpgid(0, 0);  // the trial and its ranks: one group to kill if it hangs
+      std::filesystem::create_directories(dumps);
+      ::setenv("COLLX_DUMP_DIR", dumps.c_str(), 1);
+      ::setenv("COLLX_DUMP_ON_SIGUSR2", "1", 1);
       run_trial(p, transport, *rep);
       std::fflush(nullptr);
       ::_exit(0);
@@ -293,9 +353,15 @@ int main(int argc, char** argv) {
     const auto bound = std::chrono::steady_clock::now() + 30s;
     int status = 0;
     bool hung = false;
+    std::string hang_report;
     while (::waitpid(t, &status, WNOHANG) == 0) {
       if (std::chrono::steady_clock::now() > bound) {
         hung = true;
+        hang_report = "  its processes, 30 s into the trial:\n" + group_states(t);
+        ::kill(-t, SIGCONT);  // a stopped victim dumps too
+        ::kill(-t, SIGUSR2);
+        std::this_thread::sleep_for(500ms);
+        hang_report += "  collx-trace over their dumps:\n" + trace_of(trace_tool, dumps);
         ::kill(-t, SIGKILL);
         ::waitpid(t, &status, 0);
         break;
@@ -341,6 +407,9 @@ int main(int argc, char** argv) {
         }
       }
       if (p.stop) {
+        if (fault != 0 && m.error_ns - fault > 1500000000)
+          note += " rank " + std::to_string(r) + "'s error came " + std::to_string((m.error_ns - fault) / 1000000) +
+                  " ms after the stop: " + std::string(m.error).substr(0, 600);
         ++stop_errors;
         stop_named += names_rank(m.error, p.victim);
         continue;
@@ -358,6 +427,9 @@ int main(int argc, char** argv) {
     if (!note.empty() || trials <= 3)
       std::printf("trial %d: %d ranks, rank %d %s after %d ms, fault %s:%s\n", trials, p.n, p.victim,
                   p.stop ? "stopped" : "killed", p.delay_ms, fault != 0 ? "fired" : "after the workload", note.empty() ? " ok" : note.c_str());
+    if (hung) std::printf("%s", hang_report.c_str());
+    std::error_code ignored;
+    if (!hung) std::filesystem::remove_all(dumps, ignored);
     std::fflush(stdout);
   }
   std::printf("# %d trials (%d kills, %d stops): %d hangs, %d wrong elements, %d survivors' errors not naming the killed rank, "

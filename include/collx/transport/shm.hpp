@@ -100,10 +100,13 @@ class shm {
     const shm* parent;
     const std::vector<int>* members;  // their ranks on the parent
     bool failed_counts = false;       // a split's
-    int gone() const {
+    /// The first member that died or failed, skipping those that have attached to `made` (the
+    /// communicator being made, where member k is rank k), if given: -1 when none.
+    int gone(const shm* made = nullptr) const {
       for (std::size_t k = 0; k < members->size(); ++k) {
         const int m = (*members)[k];
         if (m == parent->rank_) continue;
+        if (made != nullptr && made->rc(int(k)).state.load(std::memory_order_seq_cst) != 0) continue;
         if (shm_detail::probe(&parent->rc(m).alive) != shm_detail::holder::alive) return int(k);
         if (failed_counts && parent->rc(m).state.load(std::memory_order_seq_cst) == shm_layout::kFailed) return int(k);
       }
@@ -545,10 +548,12 @@ class shm {
     return found;
   }
 
-  /// Marks this rank failed (peers then fail fast with errc::peer_lost) and wakes everyone. A
-  /// peer in the middle of reading this rank's memory (single copy) gets to finish, for at most
-  /// kAbortReadWait, and not at all once it has died; a read that ends after that finds this
-  /// rank failed and discards what it read (read_remote), so the caller may unwind either way.
+  /// Marks this rank failed (peers then fail fast with errc::peer_lost) and wakes everyone. It
+  /// does not wait for a peer that is reading this rank's memory (single copy): the caller may
+  /// unwind and reuse that memory at once, because a read that ends after this finds the rank
+  /// failed and discards what it read (read_remote). Waiting would not help a peer that is
+  /// stopped mid-read, and it held the error back (up to 2 s), long enough for this rank to
+  /// miss its survivors' shrink.
   void abort(const std::string& why) noexcept {
     using namespace shm_layout;
     if (base_ == nullptr || left_ || aborted_) return;  // the first reason is the cause
@@ -559,15 +564,6 @@ class shm {
     std::int32_t none = -1;
     hdr().first_failed.compare_exchange_strong(none, rank_);
     for (int q = 0; q < n_; ++q) rc(q).doorbell.wake(true);
-    const auto until = std::chrono::steady_clock::now() + kAbortReadWait;
-    for (int q = 0; q < n_; ++q) {
-      if (q == rank_) continue;
-      for (int spins = 0; ctl(rank_, q).reading.load(std::memory_order_seq_cst) != 0; ++spins) {
-        if (std::chrono::steady_clock::now() > until || peer_gone(q)) break;
-        if (spins < 1000) detail::cpu_relax();
-        else std::this_thread::sleep_for(std::chrono::microseconds(200));
-      }
-    }
   }
 
   /// Leaves the job normally: peers still waiting for this rank are told it left.
@@ -581,9 +577,6 @@ class shm {
     left_ = true;
     for (int q = 0; q < n_; ++q) rc(q).doorbell.wake(true);
   }
-
-  /// How long abort() lets a peer that is reading this rank's memory finish.
-  static constexpr std::chrono::seconds kAbortReadWait{2};
 
  private:
   struct op_state {
@@ -672,14 +665,24 @@ class shm {
 
   /// Ranks but 0: waits for rank 0's segment and maps it, letting go of a stale one.
   void join(std::chrono::steady_clock::time_point deadline, const members_of* from);
-  /// A member of the communicator being made died before it attached (members_of).
-  void fail_if_gone(const members_of* from, const char* doing) {
+  /// A member of the communicator being made died, or failed on the one it is made from,
+  /// before it attached to `made` (when given; members_of::gone).
+  void fail_if_gone(const members_of* from, const char* doing, const shm* made = nullptr) {
     if (from == nullptr) return;
-    if (const int k = from->gone(); k >= 0) {
-      if (base_ != nullptr) release();
-      throw error(errc::peer_lost, who() + ": its rank " + std::to_string(k) + " (rank " + std::to_string((*from->members)[std::size_t(k)]) +
-                                       " of the communicator it is made from) " + from->why(k) + ", " + doing);
+    if (const int k = from->gone(made); k >= 0)
+      give_up(errc::peer_lost, who() + ": its rank " + std::to_string(k) + " (rank " + std::to_string((*from->members)[std::size_t(k)]) +
+                                   " of the communicator it is made from) " + from->why(k) + ", " + doing);
+  }
+  /// Ends an attach that cannot complete. A rank that has attached marks itself failed, with
+  /// the reason, before it lets go: the others may yet complete (the last member attaches
+  /// after this rank saw one die) and their first call must learn why this rank is missing,
+  /// not that it left having made fewer calls (the chaos run found that).
+  [[noreturn]] void give_up(errc code, const std::string& why) {
+    if (base_ != nullptr) {
+      abort(why);
+      release();
     }
+    throw error(code, why);
   }
 
   /// Single copy needs process_vm_readv on every peer (same user; no seccomp or Yama rule
@@ -689,9 +692,9 @@ class shm {
 
   /// Receives a single-copy message: reads it from the sender's memory, straight into the
   /// destination when it is a copy, through a cache-sized bounce buffer when it reduces.
-  /// `reading` tells a sender that fails meanwhile to wait before it unwinds (abort); a sender
-  /// that has failed is not read, and what was read from one that failed during the read is
-  /// discarded (it may have stopped waiting and reused its memory).
+  /// `reading` tells the sender to keep spinning for the acknowledgement while the read goes
+  /// on. A sender that has failed is not read, and what was read from one that failed during
+  /// the read is discarded (it may have stopped waiting and reused its memory).
   void read_remote(channel_ctl& c, const recv_desc& d, std::uint64_t addr, const call_info& call, const combiner& comb,
                    std::size_t elem);  // shm/single_copy.hpp
   /// How long a sender spins for the acknowledgement of a single-copy message before it

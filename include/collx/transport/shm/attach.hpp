@@ -23,20 +23,21 @@ inline void shm::attach(const members_of* from) {
   if (rank_ == 0) hdr().magic.store(kMagic, std::memory_order_release);  // now others may join
   hdr().attached.fetch_add(1, std::memory_order_seq_cst);
   for (int q = 0; q < n_; ++q) rc(q).doorbell.wake(true);
-  // Everyone attached: the name is no longer needed, so nothing can leak into /dev/shm.
+  // Everyone attached: the name is no longer needed, so nothing can leak into /dev/shm. A
+  // member that is gone before it attached will never come: every member gives up. One that
+  // attached and then died is waited past: the others all complete (giving up here would let
+  // some complete and not others), and their first call finds it.
   while (hdr().attached.load(std::memory_order_seq_cst) < std::uint32_t(n_)) {
-    if (from != nullptr && from->gone() >= 0) {
-      if (hdr().attached.load() >= std::uint32_t(n_)) break;  // it attached, then died: its peers' calls find it
+    if (from != nullptr && from->gone(this) >= 0) {
       shm_unlink(name_.c_str());
-      fail_if_gone(from, "before it attached");
+      fail_if_gone(from, "before it attached", this);
     }
     if (std::chrono::steady_clock::now() > deadline) {
       std::string missing;
       for (int q = 0; q < n_; ++q)
         if (rc(q).state.load() == 0) missing += (missing.empty() ? "" : ", ") + std::to_string(q);
       shm_unlink(name_.c_str());
-      release();
-      throw error(errc::timeout, who() + " timed out waiting for rank(s) " + missing + " to attach");
+      give_up(errc::timeout, who() + " timed out waiting for rank(s) " + missing + " to attach");
     }
     const std::uint32_t v = me().doorbell.word.load();
     if (hdr().attached.load() < std::uint32_t(n_)) detail::futex_wait(me().doorbell.word, v, std::chrono::milliseconds(10), true);
@@ -185,8 +186,16 @@ inline void shm::probe_single_copy(std::chrono::steady_clock::time_point deadlin
   }
   if (!ok) hdr().cma_failed.store(1, std::memory_order_seq_cst);
   hdr().probed.fetch_add(1, std::memory_order_seq_cst);
-  while (hdr().probed.load(std::memory_order_seq_cst) < std::uint32_t(n_) && std::chrono::steady_clock::now() < deadline)
+  // A member that gave up on the attach (it saw another die before the last one came) or died
+  // never probes: the first call finds it, not the deadline.
+  for (int k = 1; hdr().probed.load(std::memory_order_seq_cst) < std::uint32_t(n_) && std::chrono::steady_clock::now() < deadline; ++k) {
+    if (k % 64 == 0) {
+      bool lost = false;
+      for (int q = 0; q < n_ && !lost; ++q) lost = q != rank_ && peer_gone(q);
+      if (lost) break;
+    }
     std::this_thread::yield();
+  }
   cma_ = hdr().probed.load() == std::uint32_t(n_) && hdr().cma_failed.load() == 0;
 }
 
