@@ -126,7 +126,11 @@ struct row {
 };
 
 /// B (a driver's backend) supplies: invoke(coll, in, out, shape, root), barrier(),
-/// sum_to_root(unsigned long long) (the total on rank 0), and algo() (the algo column).
+/// sum_to_root(unsigned long long) (the total on rank 0), and algo() (the algo column). A
+/// backend whose buffers live elsewhere (collx-perf-cuda's, in device memory) also supplies
+/// upload(in, out), which copies the host buffers to its own (after they are written, and
+/// again before the check), and download(out), which copies its result back after the check's
+/// call; its invoke then runs on its own buffers, not on the host pointers it is given.
 template <class B>
 row run_size(B& be, const config& cfg, const coll_info& ci, std::size_t bytes, int rank, int n) {
   row res;
@@ -141,6 +145,10 @@ row run_size(B& be, const config& cfg, const coll_info& ci, std::size_t bytes, i
   if (ci.c == coll::broadcast && rank == root)
     for (std::size_t i = 0; i < out.size(); ++i) out[i] = value(rank, i);
   else std::fill(out.begin(), out.end(), 0.0f);
+  auto upload = [&] {
+    if constexpr (requires { be.upload(in, out); }) be.upload(in, out);
+  };
+  upload();
 
   for (int i = 0; i < cfg.warmup; ++i) be.invoke(ci.c, in.data(), out.data(), sh, root);
   be.barrier();
@@ -153,7 +161,9 @@ row run_size(B& be, const config& cfg, const coll_info& ci, std::size_t bytes, i
   if (cfg.check) {
     if (!(ci.c == coll::broadcast && rank == root)) std::fill(out.begin(), out.end(), kPoison);
     if constexpr (requires { be.before_check(); }) be.before_check();  // in-place drivers start afresh
+    upload();
     be.invoke(ci.c, in.data(), out.data(), sh, root);
+    if constexpr (requires { be.download(out); }) be.download(out);
     unsigned long long bad = 0;
     for (std::size_t j = 0; j < out.size(); ++j) bad += !(out[j] == expect(ci.c, sh, n, rank, root, j));
     res.wrong = be.sum_to_root(bad);
@@ -196,17 +206,23 @@ unsigned long long sweep(B& be, const config& cfg, const coll_info& ci, int rank
 }
 
 // ---- command line (collx-perf's flags, less what a baseline cannot vary) ---------------------
-/// n: the rank count when the launcher decides it (mpirun), else 0 (read -np).
-inline config parse(int argc, char** argv, int n) {
+/// n: the rank count when the launcher decides it (mpirun), else 0 (read -np). `more(flag,
+/// value)` takes a driver's own flags (returns false for one it does not know either).
+template <class More>
+config parse(int argc, char** argv, int n, More more) {
   config cfg;
-  bench_cli::parse_flags(argc, argv, cfg, [](const std::string&, auto&&) { return false; });
+  bench_cli::parse_flags(argc, argv, cfg, more);
   if (n != 0 && cfg.ranks != 0) throw usage_error("-np: the ranks come from the launcher here");
   if (n == 0) n = cfg.ranks = cfg.ranks == 0 ? 2 : cfg.ranks;
   if (cfg.root >= n)
     throw usage_error("-r " + std::to_string(cfg.root) + " is not a rank of [0, " + std::to_string(n) + ")");
-  if (cfg.dtype != "float") throw usage_error("datatype -d '" + cfg.dtype + "': the baselines measure float only");
-  if (cfg.redop != "sum") throw usage_error("--redop '" + cfg.redop + "': the baselines measure sum only");
+  if (cfg.dtype != "float") throw usage_error("datatype -d '" + cfg.dtype + "': this driver measures float only");
+  if (cfg.redop != "sum") throw usage_error("--redop '" + cfg.redop + "': this driver measures sum only");
   return cfg;
+}
+
+inline config parse(int argc, char** argv, int n) {
+  return parse(argc, argv, n, [](const std::string&, auto&&) { return false; });
 }
 
 inline const coll_info* find_coll(const std::string& name) {

@@ -44,6 +44,7 @@
 
 #include <sys/mman.h>
 #include <sys/statvfs.h>
+#include <unistd.h>
 
 #include <collx/collx.hpp>
 #include <collx/model.hpp>
@@ -994,6 +995,9 @@ void usage(std::FILE* f) {
                "  --transport threads|shm|tcp  ranks as threads of this process, or as forked processes over\n"
                "                             POSIX shared memory (transport::shm) or TCP on 127.0.0.1\n"
                "                             (transport::tcp, rank 0 serving the rendezvous store)\n"
+               "  --transport cuda           thread-ranks on GPUs, buffers in device memory (transport::cuda):\n"
+               "                             run by collx-perf-cuda, built beside collx-perf where nvcc is\n"
+               "                             (its flags: collx-perf --transport cuda --help)\n"
                "  --split                    run on a communicator split from the job's that holds every rank\n"
                "                             (communicator::split: its own channels), to compare with the job's\n"
                "  --groups G                 split the ranks into groups of G consecutive ranks, each running the\n"
@@ -1072,7 +1076,7 @@ config parse(int argc, char** argv) {
   if (cfg.transport != "threads" && cfg.transport != "shm" && cfg.transport != "tcp")
     throw usage_error("--transport '" + cfg.transport +
                       "' is not available: 'threads' (ranks as threads of this process), 'shm' (forked processes "
-                      "over shared memory) or 'tcp' (forked processes over loopback sockets)");
+                      "over shared memory), 'tcp' (forked processes over loopback sockets) or 'cuda' (thread-ranks on GPUs)");
   g_transport = cfg.transport;
   g_split = cfg.split;
   g_groups = cfg.groups;
@@ -1104,7 +1108,34 @@ config parse(int argc, char** argv) {
 
 }  // namespace
 
+/// --transport cuda: collx-perf-cuda (bench/cuda/perf_cuda.cu), this program's sibling, built
+/// where nvcc is, runs the whole command line.
+bool wants_cuda(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    if (a == "--transport=cuda" || (a == "--transport" && i + 1 < argc && std::string_view(argv[i + 1]) == "cuda")) return true;
+  }
+  return false;
+}
+int run_cuda_driver(char** argv) {
+  std::string dir = ".";
+  char self[4096];
+  if (const ssize_t k = ::readlink("/proc/self/exe", self, sizeof self - 1); k > 0) {
+    const std::string exe(self, std::size_t(k));
+    dir = exe.substr(0, exe.rfind('/'));
+  }
+  const std::string driver = dir + "/collx-perf-cuda";
+  argv[0] = const_cast<char*>(driver.c_str());
+  ::execv(driver.c_str(), argv);
+  std::fprintf(stderr,
+               "collx-perf: --transport cuda is run by %s, which is not there: it is built where CMake finds nvcc "
+               "(check_language(CUDA); COLLX_CUDA=ON)\n",
+               driver.c_str());
+  return 2;
+}
+
 int main(int argc, char** argv) {
+  if (wants_cuda(argc, argv)) return run_cuda_driver(argv);
   config cfg;
   try {
     cfg = parse(argc, argv);

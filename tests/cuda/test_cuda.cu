@@ -114,6 +114,16 @@ void collectives(int n, const char* pname) {
             for (int q = 0; q < n; ++q) want += val(q, i);
             if (got[i] != want) note = "all_reduce wrong at " + std::to_string(i);
           }
+          // and out of place (collx-perf --transport cuda's call): the input stays as it was
+          device_vec<std::int32_t> din(h), dout(std::vector<std::int32_t>(count, -1));
+          collx::all_reduce(comm, din.cspan(), dout.span(), collx::ops::sum{}, Algo{});
+          const auto out = dout.get(), kept = din.get();
+          for (std::size_t i = 0; i < count && note.empty(); ++i) {
+            std::int32_t want = 0;
+            for (int q = 0; q < n; ++q) want += val(q, i);
+            if (out[i] != want) note = "all_reduce (out of place) wrong at " + std::to_string(i);
+            else if (kept[i] != h[i]) note = "all_reduce (out of place) changed its input at " + std::to_string(i);
+          }
         }
         // reduce_scatter (max) and all_gather of blocks of k
         const std::size_t k = count / std::size_t(n) + (count % 2);

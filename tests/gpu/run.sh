@@ -5,11 +5,13 @@
 # kernel for sm_80 and sm_90), runs test_cuda (every dtype x op against the host reference, every
 # collective x policy at N = 1, 2, 4, 8 thread-ranks on device 0, splits, a fused batch, the
 # errors), then
-# collx-cuda-bench (the reduction against cub::DeviceTransform, a device copy, the collectives
-# of 1 GiB at N = 2, 4, 8, an 8 B all_reduce beside NCCL's one-rank call), and writes every log
-# and summary.txt under OUTDIR. It ends in under 8 minutes: each step has its own time limit.
+# collx-perf --transport cuda (collx-perf-cuda: nccl-tests-style sweeps of all_reduce at N = 2
+# and 8, every collective at N = 3, checked), then collx-cuda-bench (the reduction against
+# cub::DeviceTransform, a device copy, the collectives of 1 GiB at N = 2, 4, 8, an 8 B
+# all_reduce beside NCCL's one-rank call), and writes every log and summary.txt under OUTDIR.
+# It ends in under 8 minutes: each step has its own time limit.
 #
-# (COLLX_GPU_BUILD_S overrides the build's limit of 180 s: on a 2-core machine without a GPU the build
+# (COLLX_GPU_BUILD_S overrides the build's limit of 160 s: on a 2-core machine without a GPU the build
 # alone takes ~5 min, and the rest then skips, which is how the script itself is checked.)
 #
 # Not yet here: ranks as processes (VMM / cudaIpc peer mapping); the summary says so.
@@ -39,27 +41,41 @@ if ! cmake -S . -B build-gpu -G Ninja -Wno-dev -DCMAKE_BUILD_TYPE=Release -DCOLL
   exit 1
 fi
 say "build"
-if ! timeout "${COLLX_GPU_BUILD_S:-180}" cmake --build build-gpu -j "$(nproc)" >"$out/build.log" 2>&1; then
+if ! timeout "${COLLX_GPU_BUILD_S:-160}" cmake --build build-gpu -j "$(nproc)" >"$out/build.log" 2>&1; then
   grep -E "error|FAILED" "$out/build.log" | head -30 | tee -a "$out/summary.txt"
   say "FAILED: build"
   exit 1
 fi
 say "no-GPU checks of the build (PTX, headers)"
-(cd build-gpu && ctest -E "every dtype" --output-on-failure) >"$out/ctest.log" 2>&1
+(cd build-gpu && ctest -E "every dtype|collx-perf" --output-on-failure) >"$out/ctest.log" 2>&1
 tail -3 "$out/ctest.log" | tee -a "$out/summary.txt"
 
 say "test_cuda: dtype x op, collectives x policies at N = 1, 2, 4, 8, errors"
-timeout 150 build-gpu/tests/cuda/test_cuda >"$out/test_cuda.txt" 2>&1
+timeout 140 build-gpu/tests/cuda/test_cuda >"$out/test_cuda.txt" 2>&1
 rc_test=$?
 grep -E "^FAIL|checks|device 0|instances|collectives at|splits|fused|timeout|mismatch|skipped" "$out/test_cuda.txt" | head -40 | tee -a "$out/summary.txt"
 say "test_cuda exit status $rc_test (0 passed, 77 skipped: no device)"
 
 say "ranks as processes (VMM / cudaIpc): not built yet"
 
+say "collx-perf --transport cuda (collx-perf-cuda): sweeps on device buffers, checked"
+perf=build-gpu/bench/collx-perf-cuda
+rc_perf=0
+{
+  # (the check runs on the host: 1 GiB at N = 2, 256 MiB at N = 8)
+  timeout 22 $perf --transport cuda -np 2 -b 8 -e 1G -f 8 -n 10 -w 2 --op all_reduce || rc_perf=$?
+  timeout 22 $perf --transport cuda -np 8 -b 8 -e 256M -f 8 -n 10 -w 2 --op all_reduce || rc_perf=$?
+  for op in reduce_scatter all_gather broadcast all_to_all; do
+    timeout 6 $perf --transport cuda -np 3 -b 8 -e 64M -f 16 -n 5 -w 1 --op $op || rc_perf=$?
+  done
+} >"$out/perf.txt" 2>&1
+grep -E "^# collx-perf|^ +[0-9]|Out of bounds|Avg bus|collx-perf --transport cuda:" "$out/perf.txt" | tee -a "$out/summary.txt"
+say "collx-perf --transport cuda exit status $rc_perf"
+
 say "collx-cuda-bench"
 PATH_NCCL=${nccl_root:+$nccl_root/lib}
-LD_LIBRARY_PATH=${PATH_NCCL}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} timeout 120 build-gpu/bench/cuda/collx-cuda-bench >"$out/bench.txt" 2>&1
+LD_LIBRARY_PATH=${PATH_NCCL}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} timeout 100 build-gpu/bench/cuda/collx-cuda-bench >"$out/bench.txt" 2>&1
 rc_bench=$?
 cat "$out/bench.txt" | tee -a "$out/summary.txt"
-say "done: test_cuda $rc_test, bench $rc_bench"
-[ "$rc_test" -eq 0 ] && [ "$rc_bench" -eq 0 ]
+say "done: test_cuda $rc_test, collx-perf $rc_perf, bench $rc_bench"
+[ "$rc_test" -eq 0 ] && [ "$rc_perf" -eq 0 ] && [ "$rc_bench" -eq 0 ]
