@@ -377,6 +377,57 @@ TEST_CASE("a fused batch gives exactly what the separate calls give", "[fuse]") 
   }
 }
 
+/// A transport that moves no spread operands (as transport::cuda): a fused batch packs its
+/// all-reduces into a pack buffer and back (fuse.hpp), which no host transport otherwise takes.
+template <class T>
+struct packs_only : T {
+  explicit packs_only(T t) : T(std::move(t)) {}
+  bool takes_pieces() const noexcept { return false; }
+};
+
+TEST_CASE("a fused batch over a transport that takes no pieces packs its all-reduces and unpacks them right", "[fuse]") {
+  for (int n : {1, 2, 3, 5}) {
+    CAPTURE(n);
+    std::vector<std::string> notes(static_cast<std::size_t>(n));
+    collx::launch_threads<packs_only>(n, [&](auto& comm) {
+      static_assert(std::is_same_v<std::decay_t<decltype(comm.transport())>, packs_only<collx::transport::inproc>>);
+      const int r = comm.rank();
+      std::string& note = notes[std::size_t(r)];
+      // Counts that do not divide evenly, a zero-sized part among them; in place and out of place.
+      const std::size_t counts[] = {0, 1, std::size_t(n + 1), 1009, 7};
+      std::vector<std::vector<int>> bufs, ins, outs;
+      for (std::size_t c : counts) {
+        bufs.push_back(inputs<int, collx::ops::sum>(r, c));
+        ins.push_back(inputs<int, collx::ops::sum>(r + 1, c + 3));
+        outs.emplace_back(c + 3, -1);
+      }
+      collx::fused f(comm);
+      for (std::size_t i = 0; i < bufs.size(); ++i) {
+        f.all_reduce(std::span{bufs[i]}, collx::ops::sum{});
+        f.all_reduce(std::span<const int>{ins[i]}, std::span{outs[i]}, collx::ops::sum{});
+      }
+      f.run();
+      for (std::size_t i = 0; i < bufs.size() && note.empty(); ++i) {
+        note = compare(bufs[i], reference<int>(collx::ops::sum{}, n, counts[i]));
+        if (note.empty()) {
+          std::vector<int> want(counts[i] + 3, 0);
+          for (int q = 0; q < n; ++q) {
+            const auto in = inputs<int, collx::ops::sum>(q + 1, counts[i] + 3);
+            for (std::size_t j = 0; j < want.size(); ++j) want[j] += in[j];
+          }
+          note = compare(outs[i], want);
+          if (note.empty() && ins[i] != inputs<int, collx::ops::sum>(r + 1, counts[i] + 3)) note = "an input was modified";
+        }
+        if (!note.empty()) note = "part " + std::to_string(i) + ": " + note;
+      }
+    });
+    for (int r = 0; r < n; ++r) {
+      INFO("rank " << r);
+      CHECK(notes[std::size_t(r)] == "");
+    }
+  }
+}
+
 TEST_CASE("gradient buckets: reverse order, caps, and results equal a plain all_reduce of each gradient", "[buckets]") {
   // Uneven layers, as a model has them (in elements of 4 B): the caps below split them in
   // several buckets, one gradient is larger than a bucket.

@@ -30,10 +30,19 @@ struct reduction_op_tag {};
 /// not host memory must take whole schedules and supply the two local operations the executor
 /// would otherwise do on the host (executor.hpp checks that it does, by name, so a misspelt hook
 /// is a compile error and never a memmove on device pointers):
-///   void copy_local(std::byte* dst, const std::byte* src, std::size_t bytes)
+///   void copy_local(std::span<const local_copy_part> parts)    (every part, done on return: a
+///                                                                device transport enqueues them all
+///                                                                and waits once)
 ///   void finalize<E, Op>(E* p, std::size_t count, int ranks)   (avg's division)
 /// Policies never see memory: they only produce schedules of regions.
 struct host_memory {};
+
+/// One copy within a rank's own memory (of its transport's space), for copy_local.
+struct local_copy_part {
+  std::byte* dst;
+  const std::byte* src;
+  std::size_t bytes;
+};
 
 /// Marker for collectives that reduce nothing.
 struct no_op {};
@@ -184,9 +193,9 @@ constexpr bool check_transport() {
         static_assert(RunsSchedules<T>,
                       "collx: a transport whose memory_space is not host_memory must take whole schedules: "
                       "`template <class E, class Op> void run_schedule(const call_info&, const schedule&, const E*, E*, const Op&)`");
-        static_assert(requires(T& t, std::byte* d, const std::byte* s, std::size_t n) { t.copy_local(d, s, n); },
+        static_assert(requires(T& t, std::span<const local_copy_part> parts) { t.copy_local(parts); },
                       "collx: a transport whose memory_space is not host_memory needs "
-                      "`void copy_local(std::byte* dst, const std::byte* src, std::size_t bytes)`");
+                      "`void copy_local(std::span<const collx::local_copy_part> parts)`");
         static_assert(requires(T& t, float* p, std::size_t n) { t.template finalize<float, no_op>(p, n, 1); },
                       "collx: a transport whose memory_space is not host_memory needs "
                       "`template <class E, class Op> void finalize(E* p, std::size_t count, int ranks)`");

@@ -73,10 +73,20 @@ std::size_t checked_mul(communicator<T>& comm, const call_info& call, std::size_
 template <class T>
 inline constexpr bool host_memory_v = std::is_same_v<typename T::memory_space, host_memory>;
 
+/// Copies every part (done on return): memmove in host memory, else the transport's copy_local
+/// takes them all at once (a device transport waits once, not once a part).
+template <class T>
+void local_copies(T& t, std::span<const local_copy_part> parts) {
+  if constexpr (host_memory_v<T>) {
+    for (const local_copy_part& p : parts) std::memmove(p.dst, p.src, p.bytes);
+  } else {
+    t.copy_local(parts);
+  }
+}
 template <class T>
 void local_copy(T& t, std::byte* dst, const std::byte* src, std::size_t bytes) {
-  if constexpr (host_memory_v<T>) std::memmove(dst, src, bytes);
-  else t.copy_local(dst, src, bytes);
+  const local_copy_part one{dst, src, bytes};
+  local_copies(t, std::span<const local_copy_part>(&one, 1));
 }
 
 template <class E, class Op, class T>

@@ -131,6 +131,7 @@ class fused {
     Algo algo;
     std::vector<part> parts;
     pieces spread;  // the parts as one buffer
+    std::vector<local_copy_part> packing, unpacking;  // else: the copies into a pack buffer and back
     pack(Op o, Algo a) : op(o), algo(a) {}
     void run(communicator<T>& c) override {
       if (parts.size() == 1) {
@@ -170,22 +171,23 @@ class fused {
                       "`std::byte* pack_buffer(std::size_t bytes)` (memory of its space, kept from call to call)");
         raw = c.transport().pack_buffer(total * sizeof(E));
       }
+      // Packed and unpacked in one copy_local each (a device transport waits once, not once a
+      // part).
       E* buf = reinterpret_cast<E*>(raw);
+      packing.clear();
+      unpacking.clear();
       std::size_t at = 0;
       for (const part& p : parts) {
-        if (p.n != 0)
-          detail::local_copy(c.transport(), reinterpret_cast<std::byte*>(buf + at), reinterpret_cast<const std::byte*>(p.in),
-                             p.n * sizeof(E));
+        if (p.n != 0) {
+          auto* packed = reinterpret_cast<std::byte*>(buf + at);
+          packing.push_back({packed, reinterpret_cast<const std::byte*>(p.in), p.n * sizeof(E)});
+          unpacking.push_back({reinterpret_cast<std::byte*>(p.out), packed, p.n * sizeof(E)});
+        }
         at += p.n;
       }
+      detail::local_copies(c.transport(), std::span<const local_copy_part>(packing));
       collx::all_reduce(c, std::span<E>(buf, total), op, algo);
-      at = 0;
-      for (const part& p : parts) {
-        if (p.n != 0)
-          detail::local_copy(c.transport(), reinterpret_cast<std::byte*>(p.out), reinterpret_cast<const std::byte*>(buf + at),
-                             p.n * sizeof(E));
-        at += p.n;
-      }
+      detail::local_copies(c.transport(), std::span<const local_copy_part>(unpacking));
     }
   };
   struct p2p final : item {

@@ -378,9 +378,11 @@ class transport {
     return static_cast<std::byte*>(pack_);
   }
 
-  void copy_local(std::byte* dst, const std::byte* src, std::size_t bytes) {
+  /// Every part enqueued on the rank's stream, then one wait (a fused batch's packing: fuse.hpp).
+  void copy_local(std::span<const local_copy_part> parts) {
     check(cudaSetDevice(dev_), "cudaSetDevice");
-    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync");
+    for (const local_copy_part& p : parts)
+      if (p.bytes != 0) check(cudaMemcpyAsync(p.dst, p.src, p.bytes, cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync");
     check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   }
   template <class E, class Op>
