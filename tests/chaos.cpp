@@ -12,8 +12,8 @@
 //   collx-chaos --transport shm|tcp --seconds S [--seed X] [--ranks-max N] [--trace PATH]
 //
 // A trial that hangs is shown before it is killed: each of its processes' state and kernel
-// wait channel, then the flight recorders' dumps (SIGUSR2, COLLX_DUMP_ON_SIGUSR2=1) read by
-// collx-trace (--trace: its path). A survivor whose error came late after a stop (more than
+// wait channel, then the flight recorders' dumps (SIGUSR2, COLLX_DUMP_ON_SIGUSR2=1, into the
+// trial's own folder) read by collx-trace (--trace: its path). A survivor whose error came late after a stop (more than
 // 1.5 s, with COLLX_TIMEOUT_S=1) is shown with its error: both are for finding out why.
 //
 // Each trial runs in a process of its own (its ranks are its children, in its process group),
@@ -332,8 +332,9 @@ int main(int argc, char** argv) {
     p.delay_ms = 2 + int(rng() % 150);
     p.seed = rng();
     std::memset(static_cast<void*>(rep), 0, sizeof *rep);
-    // Each trial's ranks dump their flight recorders here on a failed call and on SIGUSR2;
-    // kept only when the trial hangs.
+    // Each trial's ranks dump their flight recorders here on SIGUSR2 (the trial's working
+    // folder: COLLX_DUMP_DIR unset, so no dump slows a failed call down); kept only when the
+    // trial hangs.
     const std::string dumps = (std::filesystem::temp_directory_path() / ("collx-chaos-" + std::to_string(::getpid()) + "-" +
                                                                          std::to_string(trials + 1))).string();
     const pid_t t = ::fork();
@@ -341,8 +342,9 @@ int main(int argc, char** argv) {
     if (t == 0) {
       ::setpgid(0, 0);  // the trial and its ranks: one group to kill if it hangs
       std::filesystem::create_directories(dumps);
-      ::setenv("COLLX_DUMP_DIR", dumps.c_str(), 1);
+      if (::chdir(dumps.c_str()) != 0) ::_exit(3);
       ::setenv("COLLX_DUMP_ON_SIGUSR2", "1", 1);
+      ::signal(SIGUSR2, SIG_IGN);  // the trial's own process (its ranks install their handler)
       run_trial(p, transport, *rep);
       std::fflush(nullptr);
       ::_exit(0);

@@ -570,55 +570,65 @@ TEST_CASE("over shm: a communicator being made (a split's, a shrink's) fails at 
   ::munmap(rep, sizeof *rep);
 }
 
-TEST_CASE("over shm: a member that attaches to a communicator being made and then dies is waited past, not given up on",
+TEST_CASE("over shm: a member that attaches to a communicator being made and then dies is waited past, unless it created it",
           "[processes]") {
-  // A communicator of all four ranks: rank 2 attaches and dies 300 ms later, before rank 3
-  // comes (at 1 s). Every live member must get the communicator, and its first call must
-  // name the dead rank. Before, ranks 0 and 1 gave up when they saw rank 2 die: rank 0, its
-  // creator, unlinked it, and rank 3 waited for it until its deadline. In the chaos run the
-  // last member came just in time, got the communicator, and read that the ranks that gave up
-  // "left the job (made fewer calls)", naming no dead rank.
-  run_report* rep = shared_report();
-  collx::transport::shm::config cfg;
-  cfg.attach_timeout = 20s;
-  try {
-    collx::launch_processes(4, [&](auto& comm) {
-      collx::barrier(comm);
-      collx::split_plan p;
-      p.id = "dies-in-attach";
-      p.size = 4;
-      p.members = {0, 1, 2, 3};
-      p.rank = comm.rank();
-      rank_report& m = rep->rank[comm.rank()];
-      if (comm.rank() == 2)
-        std::thread([] {
-          std::this_thread::sleep_for(300ms);
-          ::raise(SIGKILL);
-        }).detach();
-      if (comm.rank() == 3) std::this_thread::sleep_for(1s);
-      try {
-        collx::communicator<collx::transport::shm> c(comm.transport().split(p, {}));
-        m.steps = 1;  // it has the communicator
-        collx::barrier(c);
-        m.bad_codes = 1;
-      } catch (const collx::error& e) {
-        m.bad_codes = e.code() == collx::errc::peer_lost ? 0 : 2;
-        std::snprintf(m.error, sizeof m.error, "%s", e.what());
-      }
-      m.state.store(1);
-    }, collx::options{}, cfg);
-  } catch (const collx::error&) {
-    // rank 2's death fails the job
+  // A communicator of all four ranks: the victim attaches and dies 300 ms later, before rank 3
+  // comes (at 1 s). Victim 2: every live member must get the communicator, and its first call
+  // must name the dead rank. Before, ranks 0 and 1 gave up when they saw rank 2 die: rank 0, its
+  // creator, unlinked it, and rank 3 waited for it until its deadline (in the chaos run the last
+  // member came just in time, got the communicator, and read that the ranks that gave up "left
+  // the job (made fewer calls)", naming no dead rank). Victim 0, the creator: no one can join
+  // its segment any more, so every live member gives up at once, naming it (a first version of
+  // the fix waited past it too: the attached ones waited until rank 3, which could not join,
+  // exited, and then blamed it: "its rank 3 ... died, before it attached").
+  for (int victim : {2, 0}) {
+    CAPTURE(victim);
+    run_report* rep = shared_report();
+    collx::transport::shm::config cfg;
+    cfg.attach_timeout = 20s;
+    try {
+      collx::launch_processes(4, [&](auto& comm) {
+        collx::barrier(comm);
+        collx::split_plan p;
+        p.id = "dies-in-attach-" + std::to_string(victim);
+        p.size = 4;
+        p.members = {0, 1, 2, 3};
+        p.rank = comm.rank();
+        rank_report& m = rep->rank[comm.rank()];
+        if (comm.rank() == victim)
+          std::thread([] {
+            std::this_thread::sleep_for(300ms);
+            ::raise(SIGKILL);
+          }).detach();
+        if (comm.rank() == 3) std::this_thread::sleep_for(1s);
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+          collx::communicator<collx::transport::shm> c(comm.transport().split(p, {}));
+          m.steps = 1;  // it has the communicator
+          collx::barrier(c);
+          m.bad_codes = 1;
+        } catch (const collx::error& e) {
+          m.bad_codes = e.code() == collx::errc::peer_lost ? 0 : 2;
+          std::snprintf(m.error, sizeof m.error, "%s", e.what());
+        }
+        m.shrinks = int(std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count());
+        m.state.store(1);
+      }, collx::options{}, cfg);
+    } catch (const collx::error&) {
+      // the victim's death fails the job
+    }
+    for (int r = 0; r < 4; ++r) {
+      if (r == victim) continue;
+      const std::string e = rep->rank[r].error;
+      INFO("rank " << r << " (" << rep->rank[r].shrinks << " ms): " << e);
+      CHECK(rep->rank[r].state.load() == 1);
+      CHECK(rep->rank[r].steps == (victim == 0 ? 0 : 1));
+      CHECK(rep->rank[r].bad_codes == 0);
+      CHECK(e.find("left the job") == std::string::npos);
+      CHECK(e.find("rank " + std::to_string(victim)) != std::string::npos);
+      CHECK(e.find("died") != std::string::npos);
+      CHECK(rep->rank[r].shrinks < 10000);  // not the attach deadline
+    }
+    ::munmap(rep, sizeof *rep);
   }
-  for (int r : {0, 1, 3}) {
-    const std::string e = rep->rank[r].error;
-    INFO("rank " << r << ": " << e);
-    CHECK(rep->rank[r].state.load() == 1);
-    CHECK(rep->rank[r].steps == 1);
-    CHECK(rep->rank[r].bad_codes == 0);
-    CHECK(e.find("left the job") == std::string::npos);
-    CHECK(e.find("rank 2") != std::string::npos);
-    CHECK(e.find("died") != std::string::npos);
-  }
-  ::munmap(rep, sizeof *rep);
 }

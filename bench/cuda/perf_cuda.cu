@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -191,6 +192,9 @@ void usage(std::FILE* f) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Kernels load up front: a lazily loaded kernel may wait for the device, where other ranks'
+  // kernels wait for this rank (docs/cuda.md). A user's setting stands.
+  ::setenv("CUDA_MODULE_LOADING", "EAGER", 0);
   config cfg;
   const coll_info* ci = nullptr;
   std::vector<int> devices{0};

@@ -379,10 +379,17 @@ class transport {
   }
 
   /// Every part enqueued on the rank's stream, then one wait (a fused batch's packing: fuse.hpp).
+  /// (A copy that cannot be enqueued fails the call once those before it are done: the caller
+  /// may free their memory as it unwinds.)
   void copy_local(std::span<const local_copy_part> parts) {
     check(cudaSetDevice(dev_), "cudaSetDevice");
-    for (const local_copy_part& p : parts)
-      if (p.bytes != 0) check(cudaMemcpyAsync(p.dst, p.src, p.bytes, cudaMemcpyDeviceToDevice, stream_), "cudaMemcpyAsync");
+    for (const local_copy_part& p : parts) {
+      if (p.bytes == 0) continue;
+      if (const cudaError_t e = cudaMemcpyAsync(p.dst, p.src, p.bytes, cudaMemcpyDeviceToDevice, stream_); e != cudaSuccess) {
+        cudaStreamSynchronize(stream_);
+        check(e, "cudaMemcpyAsync");
+      }
+    }
     check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   }
   template <class E, class Op>

@@ -100,15 +100,20 @@ class shm {
     const shm* parent;
     const std::vector<int>* members;  // their ranks on the parent
     bool failed_counts = false;       // a split's
-    /// The first member that died or failed, skipping those that have attached to `made` (the
-    /// communicator being made, where member k is rank k), if given: -1 when none.
+    /// The first member that died or failed, -1 when none. With `made` (the communicator being
+    /// made, where member k is rank k) it skips the members that have attached to it, but for
+    /// member 0, its creator: no one still joining can map a segment whose creator is gone. It
+    /// reads the member's state there after its fate on the parent: a member found gone and
+    /// unattached then never attached (a dead process cannot).
     int gone(const shm* made = nullptr) const {
       for (std::size_t k = 0; k < members->size(); ++k) {
         const int m = (*members)[k];
         if (m == parent->rank_) continue;
-        if (made != nullptr && made->rc(int(k)).state.load(std::memory_order_seq_cst) != 0) continue;
-        if (shm_detail::probe(&parent->rc(m).alive) != shm_detail::holder::alive) return int(k);
-        if (failed_counts && parent->rc(m).state.load(std::memory_order_seq_cst) == shm_layout::kFailed) return int(k);
+        const bool lost = shm_detail::probe(&parent->rc(m).alive) != shm_detail::holder::alive ||
+                          (failed_counts && parent->rc(m).state.load(std::memory_order_seq_cst) == shm_layout::kFailed);
+        if (!lost) continue;
+        if (made != nullptr && k != 0 && made->rc(int(k)).state.load(std::memory_order_seq_cst) != 0) continue;
+        return int(k);
       }
       return -1;
     }
@@ -666,12 +671,10 @@ class shm {
   /// Ranks but 0: waits for rank 0's segment and maps it, letting go of a stale one.
   void join(std::chrono::steady_clock::time_point deadline, const members_of* from);
   /// A member of the communicator being made died, or failed on the one it is made from,
-  /// before it attached to `made` (when given; members_of::gone).
-  void fail_if_gone(const members_of* from, const char* doing, const shm* made = nullptr) {
-    if (from == nullptr) return;
-    if (const int k = from->gone(made); k >= 0)
-      give_up(errc::peer_lost, who() + ": its rank " + std::to_string(k) + " (rank " + std::to_string((*from->members)[std::size_t(k)]) +
-                                   " of the communicator it is made from) " + from->why(k) + ", " + doing);
+  /// before it attached (members_of::gone found member k): this rank gives up.
+  [[noreturn]] void fail_gone(const members_of& from, int k, const char* doing) {
+    give_up(errc::peer_lost, who() + ": its rank " + std::to_string(k) + " (rank " + std::to_string((*from.members)[std::size_t(k)]) +
+                                 " of the communicator it is made from) " + from.why(k) + ", " + doing);
   }
   /// Ends an attach that cannot complete. A rank that has attached marks itself failed, with
   /// the reason, before it lets go: the others may yet complete (the last member attaches

@@ -23,14 +23,22 @@ inline void shm::attach(const members_of* from) {
   if (rank_ == 0) hdr().magic.store(kMagic, std::memory_order_release);  // now others may join
   hdr().attached.fetch_add(1, std::memory_order_seq_cst);
   for (int q = 0; q < n_; ++q) rc(q).doorbell.wake(true);
-  // Everyone attached: the name is no longer needed, so nothing can leak into /dev/shm. A
-  // member that is gone before it attached will never come: every member gives up. One that
-  // attached and then died is waited past: the others all complete (giving up here would let
-  // some complete and not others), and their first call finds it.
-  while (hdr().attached.load(std::memory_order_seq_cst) < std::uint32_t(n_)) {
-    if (from != nullptr && from->gone(this) >= 0) {
-      shm_unlink(name_.c_str());
-      fail_if_gone(from, "before it attached", this);
+  // Everyone attached (a member's state is published once it has): the name is no longer
+  // needed, so nothing can leak into /dev/shm. A member that is gone before it attached will
+  // never come, and every member gives up (so does one the creator's loss strands in join). One
+  // that attached and then died is waited past: the others all complete (giving up here would
+  // let some complete and not others), and their first call finds it.
+  auto all_attached = [&] {
+    for (int q = 0; q < n_; ++q)
+      if (rc(q).state.load(std::memory_order_seq_cst) == 0) return false;
+    return true;
+  };
+  while (!all_attached()) {
+    if (from != nullptr) {
+      if (const int k = from->gone(this); k >= 0) {
+        shm_unlink(name_.c_str());
+        fail_gone(*from, k, "before it attached");
+      }
     }
     if (std::chrono::steady_clock::now() > deadline) {
       std::string missing;
@@ -40,7 +48,7 @@ inline void shm::attach(const members_of* from) {
       give_up(errc::timeout, who() + " timed out waiting for rank(s) " + missing + " to attach");
     }
     const std::uint32_t v = me().doorbell.word.load();
-    if (hdr().attached.load() < std::uint32_t(n_)) detail::futex_wait(me().doorbell.word, v, std::chrono::milliseconds(10), true);
+    if (!all_attached()) detail::futex_wait(me().doorbell.word, v, std::chrono::milliseconds(10), true);
   }
   std::uint32_t zero = 0;
   if (hdr().unlinked.compare_exchange_strong(zero, 1)) shm_unlink(name_.c_str());
@@ -138,7 +146,7 @@ inline void shm::join(std::chrono::steady_clock::time_point deadline, const memb
   const std::size_t bytes = L_.total_bytes();
   bool saw_stale = false;
   for (int k = 0;; std::this_thread::sleep_for(std::chrono::milliseconds(1)), ++k) {
-    if (k % 8 == 0 && from != nullptr && from->gone() == 0) fail_if_gone(from, "before it created the segment");
+    if (k % 8 == 0 && from != nullptr && from->gone() == 0) fail_gone(*from, 0, "before it created the segment");
     if (std::chrono::steady_clock::now() > deadline)
       throw error(errc::timeout, who() + " timed out waiting for rank 0 to create the job's segment" +
                                      (saw_stale ? " (found one a crashed run left, which rank 0 replaces when it starts)" : ""));
