@@ -247,11 +247,7 @@ std::string group_states(pid_t pg) {
       std::ifstream wc(std::string("/proc/") + e->d_name + "/wchan");
       std::string wchan;
       std::getline(wc, wchan);
-      int threads = 0;
-      if (DIR* t = ::opendir((std::string("/proc/") + e->d_name + "/task").c_str())) {
-        while (dirent* te = ::readdir(t)) threads += te->d_name[0] != '.';
-        ::closedir(t);
-      }
+      const int threads = collx_test::thread_count(std::string("/proc/") + e->d_name);
       out += std::string("    pid ") + e->d_name + " (parent " + std::to_string(ppid) + "): state " + state + ", wchan " +
              (wchan.empty() ? "-" : wchan) + ", " + std::to_string(threads) + " threads\n";
     }

@@ -28,9 +28,10 @@ inline std::set<std::string> open_fds() {
   return out;
 }
 
-inline int thread_count() {
+/// The threads of a process (`proc`: its /proc folder; this process's by default).
+inline int thread_count(const std::string& proc = "/proc/self") {
   int k = 0;
-  if (DIR* d = ::opendir("/proc/self/task")) {
+  if (DIR* d = ::opendir((proc + "/task").c_str())) {
     while (dirent* e = ::readdir(d)) k += e->d_name[0] != '.';
     ::closedir(d);
   }
