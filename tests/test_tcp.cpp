@@ -328,15 +328,21 @@ int verdict_for(net::fd& s, const void* hello_bytes) {
   if (net::read_exact(s.get(), &v, sizeof v, dl) != net::io::ok) return -1;
   return int(v.code);
 }
+
+/// A job that rendezvouses in a file store in `dir` with a token of its own.
+collx::transport::tcp_config guarded_config(const std::string& dir) {
+  collx::transport::tcp_config cfg;
+  cfg.store_path = dir;
+  cfg.token = "the-job-token";
+  cfg.rendezvous_timeout = 20s;
+  return cfg;
+}
 }  // namespace
 
 TEST_CASE("over tcp: strangers are refused and logged, and the job runs as if they never came", "[tcp][security]") {
   temp_dir d;
   stderr_capture cap;
-  collx::transport::tcp_config cfg;
-  cfg.store_path = d.path;
-  cfg.token = "the-job-token";
-  cfg.rendezvous_timeout = 20s;
+  const collx::transport::tcp_config cfg = guarded_config(d.path);
   std::string err0, err1;
   std::vector<int> got0, got1;
   auto rank = [&](int r, std::string& err, std::vector<int>& got) {
@@ -377,6 +383,77 @@ TEST_CASE("over tcp: strangers are refused and logged, and the job runs as if th
   CHECK_THAT(log, Contains("not a collx peer"));
   CHECK_THAT(log, Contains("rank out of range"));
   CHECK_THAT(log, Contains("closed before its hello"));
+}
+
+TEST_CASE("over tcp: a shrink's hello or a position query that reaches a rank still in its rendezvous waits for its communicator", "[tcp][shrink]") {
+  // A rank that is done with its rendezvous may shrink at once, or time out and ask where its
+  // peers are, while a slower rank still admits the others on the same listener. That rank's
+  // rendezvous once read a shrink's hello as a stranger's and refused it ("not a collx peer of
+  // this version"), failing the shrink of a job where no rank had failed.
+  namespace wire = collx::transport::tcp_wire;
+  temp_dir d;
+  stderr_capture cap;
+  const collx::transport::tcp_config cfg = guarded_config(d.path);
+  std::atomic<int> made{0};
+  std::atomic<bool> done{false};
+  std::string err[2];
+  auto rank = [&](int r) {
+    try {
+      collx::communicator<collx::transport::tcp> comm{collx::transport::tcp("early", r, 2, cfg)};
+      made.fetch_add(1);
+      while (!done.load()) std::this_thread::sleep_for(5ms);
+    } catch (const std::exception& e) {
+      err[r] = e.what();
+      made.fetch_add(1);
+    }
+  };
+  std::thread r0(rank, 0), r1;
+  struct joiner {  // (a REQUIRE that fails leaves no thread running)
+    std::atomic<bool>& done;
+    std::thread &a, &b;
+    ~joiner() {
+      done.store(true);
+      if (a.joinable()) a.join();
+      if (b.joinable()) b.join();
+    }
+  } join_at_end{done, r0, r1};
+  // Rank 0 waits in its rendezvous for rank 1: as rank 1 would once it is past its own, this
+  // says a shrink's hello to rank 0, and asks rank 0 where it is.
+  net::fd hello = connect_to_rank(d.path, "early", 0);
+  wire::shrink_hello h;
+  h.rank = 1;
+  h.size = 2;
+  h.epoch = 1;
+  h.job = collx::detail::fnv1a("early");
+  std::memcpy(h.token, cfg.token.data(), cfg.token.size());
+  REQUIRE(net::write_all(hello.get(), &h, sizeof h, net::clock::now() + 5s) == net::io::ok);
+  net::fd query = connect_to_rank(d.path, "early", 0);
+  wire::position_query q;
+  q.rank = 1;
+  q.size = 2;
+  q.job = collx::detail::fnv1a("early");
+  std::memcpy(q.token, cfg.token.data(), cfg.token.size());
+  REQUIRE(net::write_all(query.get(), &q, sizeof q, net::clock::now() + 5s) == net::io::ok);
+  std::this_thread::sleep_for(300ms);  // (what a rendezvous that took them for its own had done by now: refused both)
+  r1 = std::thread(rank, 1);
+  while (made.load() < 2) std::this_thread::sleep_for(5ms);
+  CHECK(err[0] == "");
+  CHECK(err[1] == "");
+  // The query is answered once rank 0's communicator is made: rank 0 has made no call yet.
+  wire::position_answer a;
+  const bool answered = net::read_exact(query.get(), &a, sizeof a, net::clock::now() + 5s) == net::io::ok;
+  CHECK(answered);
+  CHECK((answered && a.magic == wire::kAnswerMagic && a.seq_state == 0));
+  // The hello is set aside unread for rank 0's shrink: no verdict comes, and it stays open.
+  pollfd pf{hello.get(), POLLIN, 0};
+  CHECK(::poll(&pf, 1, 300) == 0);
+  done.store(true);
+  r0.join();
+  r1.join();
+  // Once rank 0's communicator goes, so does the connection it kept.
+  char c;
+  CHECK(net::read_exact(hello.get(), &c, 1, net::clock::now() + 5s) != net::io::ok);
+  CHECK_THAT(cap.text(), !Contains("refused a connection"));
 }
 
 TEST_CASE("over tcp: garbage from an admitted peer is an error naming it, never a crash or a huge allocation", "[tcp][security]") {

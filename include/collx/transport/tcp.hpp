@@ -55,7 +55,7 @@ class tcp {
     crowded_ = r.crowded();
     listener_ = std::move(r.listener());
     net_ = tcp_detail::streams(std::move(r.peers()), r.crowded());
-    observe_positions();
+    observe_positions(std::move(r.early()));
   }
 
   /// Before a split (split_plan.hpp): a socket the new communicator's peers connect to, on the
@@ -87,6 +87,7 @@ class tcp {
     t.cfg_ = cfg_;
     t.token_ = token_;
     t.crowded_ = crowded_;
+    std::vector<net::fd> early;
     if (p.size > 1) {
       std::vector<std::string> where(std::size_t(p.size));
       for (int q = 0; q < p.size; ++q) where[std::size_t(q)] = std::string(p.offers[std::size_t(q)].data(), strnlen(p.offers[std::size_t(q)].data(), split_offer::kBlob));
@@ -95,8 +96,9 @@ class tcp {
       r.run_split(std::move(listener), where, token_, crowded_, net::clock::now() + cfg_.rendezvous_timeout);
       t.listener_ = std::move(r.listener());
       t.net_ = tcp_detail::streams(std::move(r.peers()), crowded_);
+      early = std::move(r.early());
     }
-    t.observe_positions();
+    t.observe_positions(std::move(early));
     return t;
   }
 
@@ -199,10 +201,13 @@ class tcp {
  private:
   tcp() = default;
   /// The board, and this communicator's query point on its listener (tcp/positions.hpp).
-  void observe_positions() {
+  void observe_positions(std::vector<net::fd> early = {}) {
     board_ = std::make_unique<detail::position[]>(std::size_t(n_));
     if (!listener_) return;
     auto qp = std::make_unique<tcp_detail::query_point>();
+    // What reached the listener during the rendezvous for this communicator: looked at as any
+    // connection a wait accepts (a query answered, a shrink's hello set aside for the shrink).
+    for (net::fd& f : early) qp->pending.push_back({f.release(), net::clock::now()});
     qp->listener = listener_.get();
     qp->rank = rank_;
     qp->size = n_;

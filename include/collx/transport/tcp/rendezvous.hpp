@@ -58,6 +58,9 @@ class rendezvous {
   /// The socket this rank accepted its peers on (after run() or run_split()): the transport
   /// keeps it, for a shrink (tcp/shrink.hpp).
   net::fd& listener() noexcept { return listener_; }
+  /// Connections accepted on it that were not for the rendezvous but for the communicator it
+  /// makes (a shrink's hello, a position query: connect_mesh), unread.
+  std::vector<net::fd>& early() noexcept { return early_; }
   bool crowded() const noexcept { return crowded_; }
 
   std::string key(const std::string& what) const { return job_ + "/" + what; }
@@ -330,6 +333,20 @@ class rendezvous {
         }
       for (incoming& in : ins) {
         if (!in.s) continue;
+        if (in.got == 0) {
+          // A peer already past its rendezvous may reach this rank still in its own: its shrink's
+          // hello, or its query of this rank's position (a timeout's desync report). Neither is
+          // for the rendezvous, which would refuse it as a stranger (and fail that peer's shrink):
+          // it is kept unread for the communicator's listener (early(): the query point and the
+          // shrink read it).
+          std::uint32_t magic = 0;
+          const ssize_t p = ::recv(in.s.get(), &magic, sizeof magic, MSG_PEEK | MSG_DONTWAIT);
+          if (p == ssize_t(sizeof magic) && (magic == tcp_wire::kShrinkHelloMagic || magic == tcp_wire::kQueryMagic)) {
+            early_.push_back(std::move(in.s));
+            continue;
+          }
+          if (p > 0 && p < ssize_t(sizeof magic) && net::clock::now() < in.until) continue;  // the rest of its first word comes
+        }
         const ssize_t k = ::recv(in.s.get(), reinterpret_cast<char*>(&in.h) + in.got, sizeof in.h - in.got, MSG_DONTWAIT);
         if (k > 0) in.got += std::size_t(k);
         const bool eof = k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
@@ -385,6 +402,7 @@ class rendezvous {
   tcp_config cfg_;
   net::fd served_;  // launch_processes: the store's listening socket (rank 0), owned from the start
   net::fd listener_;
+  std::vector<net::fd> early_;
   std::vector<conn> peers_;
   bool crowded_ = false;
   std::string token_;
