@@ -210,23 +210,10 @@ class flight_recorder {
   call_record* open(call_signature& sig, std::int64_t issued_ns) {
     if (cap() == 0 || depth_ == kDepth) return nullptr;
     open_call& o = open_[depth_];
-    if (o.w.size() != std::size_t(size_)) {
-      o.w.assign(std::size_t(size_), 0);
-      o.late.assign(std::size_t(size_), -1);
-      o.touched.assign(std::size_t(size_), 0);
-      o.heard.assign(std::size_t(size_), 0);
-      o.late_blame.reserve(std::size_t(size_));  // close() must not allocate
-    }
-    call_record& r = o.rec;
-    r.wait_by_peer = o.w.data();
-    r.late_by_peer = o.late.data();
-    r.touched = o.touched.data();
-    r.n_touched = 0;
-    r.heard = o.heard.data();
-    r.n_heard = 0;
-    r.size = size_;
+    if (o.w.size() != std::size_t(size_)) size_up(o);
+    call_record& r = o.rec;  // (close() left its per-peer state empty)
     r.code = 0;
-    r.error.clear();
+    if (!r.error.empty()) r.error.clear();
     r.policy = nullptr;
     r.pos = sig.seq != 0 ? pos_ : nullptr;  // collectives only: point to point has no place in a sequence
     r.waited_live.store(0, std::memory_order_relaxed);
@@ -237,7 +224,8 @@ class flight_recorder {
     if (r.pos != nullptr) o.published = publish(*r.pos, sig, position::kIn);
     {
       std::lock_guard g(mu_);
-      flight_entry& e = slot(head_);  // (grows the ring first: a throw leaves it as it was)
+      if (head_ == ring_.size()) grow();  // (a throw leaves the ring as it was)
+      flight_entry& e = ring_[head_];
       o.index = next_++;
       o.slot = head_;
       if (++head_ == cap()) head_ = 0;  // head_ is next_ % cap(), without a division a call
@@ -245,13 +233,13 @@ class flight_recorder {
       e.sig = sig;
       e.state = call_state::running;
       // (issued on another thread, whose clock may be a little ahead: never after the start)
-      e.issued_ns = issued_ns != 0 ? std::min(issued_ns, r.entered_ns) : r.entered_ns;
+      e.issued_ns = issued_ns != 0 && issued_ns < r.entered_ns ? issued_ns : r.entered_ns;
       e.start_ns = r.entered_ns;
       e.end_ns = 0;
       e.waited_ns = 0;
       e.n_peers = 0;
       e.code = 0;
-      e.error.clear();
+      if (!e.error.empty()) e.error.clear();
       o.live = true;
     }
     ++depth_;
@@ -276,23 +264,11 @@ class flight_recorder {
                                std::memory_order_relaxed);
       }
     }
-    // The peers waited on longest, and what each one's late entry explains.
-    std::array<peer_wait, flight_entry::kPeers> top{};
+    // The peers waited on longest, and what each one's late entry explains (none, in a call
+    // that no wait of which outlasted its spin: the common case, kept short).
+    std::array<peer_wait, flight_entry::kPeers> top;
     int n_top = 0;
-    for (int i = 0; i < r.n_touched; ++i) {
-      const int p = r.touched[i];
-      const std::int64_t w = o.w[std::size_t(p)];
-      const std::int64_t late = o.late[std::size_t(p)] > 0 ? std::min(w, o.late[std::size_t(p)]) : 0;
-      const peer_wait pw{p, w, late};
-      int at = n_top;
-      while (at > 0 && top[std::size_t(at - 1)].waited_ns < w) --at;
-      if (at < int(top.size())) {
-        for (int k = std::min(n_top, int(top.size()) - 1); k > at; --k) top[std::size_t(k)] = top[std::size_t(k - 1)];
-        top[std::size_t(at)] = pw;
-        n_top = std::min(n_top + 1, int(top.size()));
-      }
-      o.touched_late(p, late);
-    }
+    if (r.n_touched > 0) rank_waits(o, top, n_top);
     bool dump = false;
     int job = 0;
     {
@@ -310,7 +286,7 @@ class flight_recorder {
         if (r.policy != nullptr) set_name(e.sig.policy, r.policy);
         e.end_ns = end;
         e.waited_ns = r.waited_live.load(std::memory_order_relaxed);
-        e.peers = top;
+        for (int k = 0; k < n_top; ++k) e.peers[std::size_t(k)] = top[std::size_t(k)];
         e.n_peers = n_top;
         e.code = r.code;
         if (failed) e.error = r.error.empty() ? "failed (an exception left the call)" : r.error;
@@ -323,7 +299,7 @@ class flight_recorder {
     for (int i = 0; i < r.n_heard; ++i) o.late[std::size_t(r.heard[i])] = -1;
     r.n_touched = 0;
     r.n_heard = 0;
-    o.late_blame.clear();
+    if (!o.late_blame.empty()) o.late_blame.clear();
     if (d == depth_ - 1) {
       --depth_;
       while (depth_ > 0 && !open_[depth_ - 1].live) --depth_;
@@ -450,9 +426,43 @@ class flight_recorder {
     p.seq_state.store(w.seq_state, std::memory_order_relaxed);
   }
   int job_rank_locked() const noexcept { return id_ == nullptr ? rank_ : id_->job_rank(rank_); }
-  flight_entry& slot(std::size_t k) {
-    if (ring_.size() <= k) ring_.resize(k + 1);
-    return ring_[k];
+  /// The ring grows as calls come, up to cap() entries (a communicator that makes few calls
+  /// keeps few), by doubling; head_ is its size when it must.
+  void grow() { ring_.resize(std::min(cap(), std::max<std::size_t>(16, ring_.size() * 2))); }
+  /// An open call's per-peer state, sized to the communicator (once a depth).
+  void size_up(open_call& o) {
+    o.w.assign(std::size_t(size_), 0);
+    o.late.assign(std::size_t(size_), -1);
+    o.touched.assign(std::size_t(size_), 0);
+    o.heard.assign(std::size_t(size_), 0);
+    o.late_blame.reserve(std::size_t(size_));  // close() must not allocate
+    call_record& r = o.rec;
+    r.wait_by_peer = o.w.data();
+    r.late_by_peer = o.late.data();
+    r.touched = o.touched.data();
+    r.n_touched = 0;
+    r.heard = o.heard.data();
+    r.n_heard = 0;
+    r.size = size_;
+  }
+  /// The peers a closing call waited on longest (top, longest first), and what each one's late
+  /// entry explains (o.late_blame, per touched peer).
+  static void rank_waits(open_call& o, std::array<peer_wait, flight_entry::kPeers>& top, int& n_top) noexcept {
+    const call_record& r = o.rec;
+    for (int i = 0; i < r.n_touched; ++i) {
+      const int p = r.touched[i];
+      const std::int64_t w = o.w[std::size_t(p)];
+      const std::int64_t late = o.late[std::size_t(p)] > 0 ? std::min(w, o.late[std::size_t(p)]) : 0;
+      const peer_wait pw{p, w, late};
+      int at = n_top;
+      while (at > 0 && top[std::size_t(at - 1)].waited_ns < w) --at;
+      if (at < int(top.size())) {
+        for (int k = std::min(n_top, int(top.size()) - 1); k > at; --k) top[std::size_t(k)] = top[std::size_t(k - 1)];
+        top[std::size_t(at)] = pw;
+        n_top = std::min(n_top + 1, int(top.size()));
+      }
+      o.touched_late(p, late);
+    }
   }
   /// Entry i under mu_, with a running call's live wait state.
   flight_entry snapshot(std::uint64_t i) const {
