@@ -434,6 +434,9 @@ TEST_CASE("over tcp: a shrink's hello or a position query that reaches a rank st
   q.job = collx::detail::fnv1a("early");
   std::memcpy(q.token, cfg.token.data(), cfg.token.size());
   REQUIRE(net::write_all(query.get(), &q, sizeof q, net::clock::now() + 5s) == net::io::ok);
+  // And one that has said nothing yet when the rendezvous ends (a shrink writes its hello once
+  // its connection is up): kept too, not closed unread.
+  net::fd late = connect_to_rank(d.path, "early", 0);
   std::this_thread::sleep_for(300ms);  // (what a rendezvous that took them for its own had done by now: refused both)
   r1 = std::thread(rank, 1);
   while (made.load() < 2) std::this_thread::sleep_for(5ms);
@@ -444,6 +447,10 @@ TEST_CASE("over tcp: a shrink's hello or a position query that reaches a rank st
   const bool answered = net::read_exact(query.get(), &a, sizeof a, net::clock::now() + 5s) == net::io::ok;
   CHECK(answered);
   CHECK((answered && a.magic == wire::kAnswerMagic && a.seq_state == 0));
+  CHECK(net::write_all(late.get(), &q, sizeof q, net::clock::now() + 5s) == net::io::ok);
+  const bool late_answered = net::read_exact(late.get(), &a, sizeof a, net::clock::now() + 5s) == net::io::ok;
+  CHECK(late_answered);
+  CHECK((late_answered && a.magic == wire::kAnswerMagic));
   // The hello is set aside unread for rank 0's shrink: no verdict comes, and it stays open.
   pollfd pf{hello.get(), POLLIN, 0};
   CHECK(::poll(&pf, 1, 300) == 0);

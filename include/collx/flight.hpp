@@ -266,7 +266,7 @@ class flight_recorder {
     }
     // The peers waited on longest, and what each one's late entry explains (none, in a call
     // that no wait of which outlasted its spin: the common case, kept short).
-    std::array<peer_wait, flight_entry::kPeers> top;
+    std::array<peer_wait, flight_entry::kPeers> top{};
     int n_top = 0;
     if (r.n_touched > 0) rank_waits(o, top, n_top);
     bool dump = false;
@@ -286,7 +286,7 @@ class flight_recorder {
         if (r.policy != nullptr) set_name(e.sig.policy, r.policy);
         e.end_ns = end;
         e.waited_ns = r.waited_live.load(std::memory_order_relaxed);
-        for (int k = 0; k < n_top; ++k) e.peers[std::size_t(k)] = top[std::size_t(k)];
+        e.peers = top;  // (all of it: none past n_top is left from an older call)
         e.n_peers = n_top;
         e.code = r.code;
         if (failed) e.error = r.error.empty() ? "failed (an exception left the call)" : r.error;

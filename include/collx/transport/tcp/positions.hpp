@@ -55,6 +55,15 @@ struct query_point {
   /// At most this many set aside: every peer's shrink hello fits, and past it connections stay
   /// in the listener's queue (never closed unread: a closed hello reads as a dead rank).
   std::size_t max_parked() const noexcept { return std::size_t(4 * size + 16); }
+
+  query_point() = default;
+  query_point(const query_point&) = delete;
+  query_point& operator=(const query_point&) = delete;
+  /// Closes what it set aside and nobody took (take_parked).
+  ~query_point() {
+    for (int f : parked) ::close(f);
+    for (const auto& c : pending) ::close(c.fd);
+  }
 };
 
 inline void answer_loop();
@@ -198,9 +207,7 @@ class query_listing {
       if (last) r.stop_locked();
       else r.wake();  // (its poll may hold the listener that is about to close)
     }
-    for (int f : p_->parked) ::close(f);
-    for (const auto& c : p_->pending) ::close(c.fd);
-    p_.reset();
+    p_.reset();  // (closing what it set aside)
   }
   std::unique_ptr<query_point> p_;
 };

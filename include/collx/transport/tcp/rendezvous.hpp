@@ -282,7 +282,14 @@ class rendezvous {
   void connect_mesh(net::fd& listener, const std::vector<net::address>& addr, const std::array<std::byte, tcp_wire::kTokenBytes>& tok,
                     net::clock::time_point deadline) {
     struct outgoing { int peer; std::size_t got = 0; tcp_wire::verdict v; bool done = false; };
-    struct incoming { net::fd s; std::string from; std::size_t got = 0; tcp_wire::hello h; net::clock::time_point until; };
+    struct incoming {
+      net::fd s;
+      std::string from;
+      std::size_t got = 0;
+      tcp_wire::hello h;
+      net::clock::time_point until;
+      bool short_word = false;  // 1-3 bytes came, unread: not watched (they keep it readable), looked at every 10 ms
+    };
     std::vector<outgoing> outs;
     for (int q = 0; q < rank_; ++q) {
       std::string why;
@@ -318,9 +325,13 @@ class rendezvous {
       }
       pf.clear();
       pf.push_back({listener.get(), POLLIN, 0});
-      for (const incoming& in : ins) pf.push_back({in.s.get(), POLLIN, 0});
+      bool any_short = false;
+      for (const incoming& in : ins) {
+        pf.push_back({in.s.get(), short(in.short_word ? 0 : POLLIN), 0});
+        any_short = any_short || in.short_word;
+      }
       for (const outgoing& o : outs) pf.push_back({peers_[std::size_t(o.peer)].s.get(), short(o.done ? 0 : POLLIN), 0});
-      ::poll(pf.data(), pf.size(), net::ms_until(deadline));
+      ::poll(pf.data(), pf.size(), any_short ? std::min(10, net::ms_until(deadline)) : net::ms_until(deadline));
       if (pf[0].revents & POLLIN)
         for (;;) {
           net::address a;
@@ -339,13 +350,16 @@ class rendezvous {
           // for the rendezvous, which would refuse it as a stranger (and fail that peer's shrink):
           // it is kept unread for the communicator's listener (early(): the query point and the
           // shrink read it).
+          // (At most as many as the communicator's listener sets aside: past that, strangers.)
           std::uint32_t magic = 0;
           const ssize_t p = ::recv(in.s.get(), &magic, sizeof magic, MSG_PEEK | MSG_DONTWAIT);
-          if (p == ssize_t(sizeof magic) && (magic == tcp_wire::kShrinkHelloMagic || magic == tcp_wire::kQueryMagic)) {
+          in.short_word = p > 0 && p < ssize_t(sizeof magic);
+          if (p == ssize_t(sizeof magic) && (magic == tcp_wire::kShrinkHelloMagic || magic == tcp_wire::kQueryMagic) &&
+              early_.size() < max_early()) {
             early_.push_back(std::move(in.s));
             continue;
           }
-          if (p > 0 && p < ssize_t(sizeof magic) && net::clock::now() < in.until) continue;  // the rest of its first word comes
+          if (in.short_word && net::clock::now() < in.until) continue;  // the rest of its first word comes
         }
         const ssize_t k = ::recv(in.s.get(), reinterpret_cast<char*>(&in.h) + in.got, sizeof in.h - in.got, MSG_DONTWAIT);
         if (k > 0) in.got += std::size_t(k);
@@ -391,7 +405,15 @@ class rendezvous {
         ++verdicts;
       }
     }
+    // What is accepted and has said nothing yet may be a peer's shrink or query whose bytes are
+    // on their way (a shrink connects, and writes its hello once the connection is up): kept
+    // for the communicator's listener too, never closed unread (a closed hello reads as a dead
+    // rank). A stranger's is dropped there.
+    for (incoming& in : ins)
+      if (in.s && in.got == 0 && early_.size() < max_early()) early_.push_back(std::move(in.s));
   }
+  /// As many as the communicator's listener sets aside (tcp/positions.hpp, max_parked).
+  std::size_t max_early() const noexcept { return std::size_t(4 * n_ + 16); }
 
   void refuse(const std::string& from, const char* why) const {
     std::fprintf(stderr, "collx tcp: job \"%s\" rank %d refused a connection from %s: %s\n", job_.c_str(), rank_, from.c_str(), why);
