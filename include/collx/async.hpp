@@ -31,10 +31,18 @@
 namespace collx {
 
 namespace detail {
-/// Queues f on comm: it runs after every call issued before it (detail/call_queue.hpp).
+/// Queues f on comm: it runs after every call issued before it (detail/call_queue.hpp). A
+/// transport whose calls are ordered on a stream of its own (cuda::transport: `enqueue`) runs
+/// f at once, and f's kernels are enqueued, not waited for: the work completes when the
+/// stream has passed them, as NCCL's calls are stream-ordered.
 template <class T, class F>
 work submit(communicator<T>& comm, const char* what, F&& f) {
-  return work(queue_of(comm, what).submit(std::forward<F>(f)));
+  if constexpr (requires(T& t) { t.enqueue(f); }) {
+    if (!comm.valid()) (void)queue_of(comm, what);  // (throws: a null communicator)
+    return comm.transport().enqueue(std::forward<F>(f));
+  } else {
+    return work(queue_of(comm, what).submit(std::forward<F>(f)));
+  }
 }
 }  // namespace detail
 

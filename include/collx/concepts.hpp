@@ -34,6 +34,10 @@ struct reduction_op_tag {};
 ///                                                                device transport enqueues them all
 ///                                                                and waits once)
 ///   void finalize<E, Op>(E* p, std::size_t count, int ranks)   (avg's division)
+///   std::byte* host_staging(std::size_t bytes), copy_from_host(dst, src, bytes),
+///   copy_to_host(dst, src, bytes)                              (the library's own calls on host
+///                                                                memory: executor.hpp,
+///                                                                on_transport_memory)
 /// Policies never see memory: they only produce schedules of regions.
 struct host_memory {};
 
@@ -199,6 +203,14 @@ constexpr bool check_transport() {
         static_assert(requires(T& t, float* p, std::size_t n) { t.template finalize<float, no_op>(p, n, 1); },
                       "collx: a transport whose memory_space is not host_memory needs "
                       "`template <class E, class Op> void finalize(E* p, std::size_t count, int ranks)`");
+        static_assert(requires(T& t, std::byte* d, std::size_t n) {
+                        { t.host_staging(n) } -> std::same_as<std::byte*>;
+                        t.copy_from_host(d, static_cast<const void*>(d), n);
+                        t.copy_to_host(static_cast<void*>(d), static_cast<const std::byte*>(d), n);
+                      },
+                      "collx: a transport whose memory_space is not host_memory needs `std::byte* host_staging(std::size_t)`, "
+                      "`void copy_from_host(std::byte*, const void*, std::size_t)` and `void copy_to_host(void*, const std::byte*, "
+                      "std::size_t)`: the library's own calls on host memory (split's agreement) run on a copy in its memory");
       }
     }
     static_assert(requires(T& t, const std::string& w) { t.abort(w); },

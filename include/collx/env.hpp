@@ -55,6 +55,11 @@ inline constexpr variable variables[] = {
      "debug lines (debug.hpp): WARN failed calls; INFO also communicators made and automatic's choices; TRACE also every "
      "call with its timing; default OFF"},
     {"COLLX_DEBUG_FILE", "path (%r job rank, %p pid, %h host)", "where COLLX_DEBUG's lines go (log.%r: one file per rank); default stderr"},
+    {"COLLX_CUDA_DEVICE", "integer (0 .. 1023)",
+     "cuda: the device of a process-rank (cuda::from_env, launch_processes); default its local rank modulo the devices"},
+    {"COLLX_CUDA_IPC", "auto, vmm or legacy",
+     "cuda: how process-ranks map each other's memory: the VMM API with POSIX descriptors, or cudaIpc handles; default auto (vmm where supported)"},
+    {"COLLX_BOOTSTRAP", "shm or tcp", "cuda::from_env: the host communicator process-ranks are bootstrapped over; default shm"},
 };
 
 inline const variable* find(std::string_view name) noexcept {

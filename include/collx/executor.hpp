@@ -89,6 +89,23 @@ void local_copy(T& t, std::byte* dst, const std::byte* src, std::size_t bytes) {
   local_copies(t, std::span<const local_copy_part>(&one, 1));
 }
 
+/// The library's own calls on host memory (split's agreement, automatic's parameters) run on
+/// any communicator: on a transport of another memory space, f(buf) gets a copy of `bytes` at
+/// `host` in the transport's own memory (`host_staging`, filled and read back through its
+/// `copy_from_host` / `copy_to_host`), not host pointers its kernels cannot read.
+template <class T, class F>
+void on_transport_memory(communicator<T>& comm, std::byte* host, std::size_t bytes, F&& f) {
+  if constexpr (host_memory_v<T>) {
+    f(host);
+  } else {
+    T& t = comm.transport();
+    std::byte* d = t.host_staging(bytes);
+    t.copy_from_host(d, host, bytes);
+    f(d);
+    t.copy_to_host(host, d, bytes);
+  }
+}
+
 template <class E, class Op, class T>
 void finalize(T& t, E* p, std::size_t count, int n) {
   if constexpr (host_memory_v<T>) {

@@ -246,26 +246,33 @@ void launch_processes_with(int n, const std::string& job, Make&& make, F&& f, co
   throw error(c >= int(errc::timeout) && c <= int(errc::transport_error) ? errc(c) : errc::peer_lost, all);
 }
 
+/// Unlinks a job's shm segment and its splits' when the launcher returns: a rank that died
+/// before everyone attached leaves them behind.
+struct shm_job_cleanup {
+  std::string name;
+  explicit shm_job_cleanup(std::string n) : name(std::move(n)) {}
+  shm_job_cleanup(const shm_job_cleanup&) = delete;
+  shm_job_cleanup& operator=(const shm_job_cleanup&) = delete;
+  ~shm_job_cleanup() {
+    shm_unlink(name.c_str());
+    const std::string prefix = name.substr(1) + ".";  // a split's is named after its parent's
+    if (DIR* d = ::opendir("/dev/shm")) {
+      std::vector<std::string> found;
+      while (dirent* e = ::readdir(d))
+        if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0) found.push_back("/" + std::string(e->d_name));
+      ::closedir(d);
+      for (const std::string& f : found) shm_unlink(f.c_str());
+    }
+  }
+};
+
 }  // namespace detail
 
 template <template <class> class Decorator, class F>
 void launch_processes(int n, F&& f, options opts = {}, transport::shm::config cfg = {}) {
   if (n < 1) throw error(errc::invalid_argument, "launch_processes: the rank count must be at least 1, got " + std::to_string(n));
   const std::string job = detail::unique_job_name();
-  struct unlink_at_end {  // in case a rank died before everyone attached: the job's segment and its splits'
-    std::string name;
-    ~unlink_at_end() {
-      shm_unlink(name.c_str());
-      const std::string prefix = name.substr(1) + ".";  // a split's is named after its parent's
-      if (DIR* d = ::opendir("/dev/shm")) {
-        std::vector<std::string> found;
-        while (dirent* e = ::readdir(d))
-          if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0) found.push_back("/" + std::string(e->d_name));
-        ::closedir(d);
-        for (const std::string& f : found) shm_unlink(f.c_str());
-      }
-    }
-  } cleanup{transport::shm::segment_name(job)};
+  detail::shm_job_cleanup cleanup{transport::shm::segment_name(job)};
   detail::launch_processes_with<Decorator>(
       n, job, [&](const std::string& j, int r) { return transport::shm(j, r, n, cfg); }, std::forward<F>(f), opts);
 }

@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace collx {
@@ -155,6 +156,12 @@ class schedule {
   /// schedules are its own, so nothing here is shared between threads.
   template <class X, class Make>
   const X& lowered(std::uint64_t key, Make&& make) const {
+    return *lowered_shared<X>(key, std::forward<Make>(make));
+  }
+  /// lowered(), shared: for a transport whose work on it may outlast the call (a kernel still
+  /// queued on a stream when the schedule is dropped from its cache).
+  template <class X, class Make>
+  std::shared_ptr<const X> lowered_shared(std::uint64_t key, Make&& make) const {
     static constexpr char kind = 0;
     if (!low_ || low_key_ != key || low_kind_ != &kind) {
       std::shared_ptr<const X> x = make();
@@ -162,7 +169,7 @@ class schedule {
       low_key_ = key;
       low_kind_ = &kind;
     }
-    return *static_cast<const X*>(low_.get());
+    return std::static_pointer_cast<const X>(low_);
   }
 
   /// Time of the last step + 1: this rank's length on the global timeline.

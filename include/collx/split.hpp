@@ -46,8 +46,13 @@ communicator<T> communicator<T>::split(int color, int key, const std::string& na
   const detail::call_queue::turn turn(detail::queue_of(*this, "split"));
   split_offer offer = transport().prepare_split();
   detail::split_entry mine{std::int32_t(color), std::int32_t(key), offer.blob};
+  // (all[rank] is this rank's entry: an all_gather in place, on any transport's memory)
   std::vector<detail::split_entry> all(static_cast<std::size_t>(size()));
-  all_gather(*this, std::span<const detail::split_entry>(&mine, 1), std::span<detail::split_entry>(all), algo::ring{});
+  all[std::size_t(rank())] = mine;
+  detail::on_transport_memory(*this, reinterpret_cast<std::byte*>(all.data()), all.size() * sizeof(detail::split_entry), [&](std::byte* p) {
+    auto* e = reinterpret_cast<detail::split_entry*>(p);
+    all_gather(*this, std::span<const detail::split_entry>(e + rank(), 1), std::span<detail::split_entry>(e, all.size()), algo::ring{});
+  });
   const std::uint32_t index = ++splits();
   // Every rank has every entry, so every rank finds a bad color and fails alike.
   for (int r = 0; r < size(); ++r)

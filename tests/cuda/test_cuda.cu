@@ -5,8 +5,11 @@
 // why and exits 77, which ctest counts as skipped.
 //
 //   test_cuda [--quick]      (--quick: N = 2 only, for a development loop)
+#include <collx/async.hpp>
 #include <collx/collx.hpp>
 #include <collx/cuda/transport.cuh>
+
+#include "expect.hpp"
 
 #include <chrono>
 #include <cstdio>
@@ -20,16 +23,9 @@
 
 namespace {
 
-int failures = 0;
-int checks = 0;
-
-void expect(bool ok, const std::string& what) {
-  ++checks;
-  if (!ok) {
-    ++failures;
-    std::printf("FAIL: %s\n", what.c_str());
-  }
-}
+using collx_gpu_test::checks;
+using collx_gpu_test::expect;
+using collx_gpu_test::failures;
 
 /// Device memory for one rank's thread. Stream-ordered (cudaMallocAsync / cudaFreeAsync on the
 /// thread's default stream): cudaMalloc and cudaFree may wait for the whole device, where the
@@ -320,7 +316,58 @@ int main(int argc, char** argv) {
   }
   std::printf("fused: done\n");
 
-  // 5. errors end every wait
+  // 5. stream-ordered nonblocking calls: more in flight than the status slots, a caller's own
+  // stream, and an error reported by the work
+  {
+    std::vector<std::string> notes(2);
+    try {
+      collx::cuda::launch_threads(2, [&](auto& comm) {
+        const int r = comm.rank();
+        std::string& note = notes[std::size_t(r)];
+        std::vector<std::unique_ptr<device_vec<float>>> bufs;
+        std::vector<collx::work> works;
+        for (int c = 0; c < 100; ++c) {
+          bufs.push_back(std::make_unique<device_vec<float>>(std::vector<float>(4099, float(r + c))));
+          works.push_back(collx::async::all_reduce(comm, bufs.back()->span(), collx::ops::sum{}));
+        }
+        bool seen_done = false;
+        for (auto& w : works) {
+          w.wait();
+          seen_done = seen_done || w.test();
+        }
+        if (!seen_done) note = "test() never true after wait()";
+        for (int c = 0; c < 100 && note.empty(); ++c)
+          if (bufs[std::size_t(c)]->get()[4098] != float(1 + 2 * c)) note = "async call " + std::to_string(c) + " wrong";
+        // ordered on the caller's stream: a memset enqueued there before the call is its input
+        cudaStream_t mine = nullptr;
+        collx::cuda::check(cudaStreamCreateWithFlags(&mine, cudaStreamNonBlocking), "cudaStreamCreate");
+        device_vec<std::int32_t> d(1000);
+        comm.transport().use_stream(mine);
+        collx::cuda::check(cudaMemsetAsync(d.p, 1, 1000 * sizeof(std::int32_t), mine), "cudaMemsetAsync");
+        collx::work w = collx::async::all_reduce(comm, d.span(), collx::ops::sum{});
+        w.wait();
+        comm.transport().use_stream(nullptr);
+        cudaStreamDestroy(mine);
+        if (note.empty() && d.get()[999] != 2 * 0x01010101) note = "the call did not follow the caller's stream";
+      }, bounded());
+      const std::string first = first_note(notes);
+      expect(first.empty(), "stream-ordered calls: " + first);
+    } catch (const std::exception& e) {
+      expect(false, std::string("stream-ordered calls: ") + e.what());
+    }
+    collx::options o;
+    o.timeout = std::chrono::milliseconds(500);
+    const std::string e = error_of(2, [](auto& comm) {
+      device_vec<float> d(comm.rank() == 1 ? 12 : 10);
+      collx::work w = collx::async::all_reduce(comm, d.span(), collx::ops::sum{}, collx::algo::ring{});
+      w.wait();
+    }, o);
+    expect(e.find("made different calls") != std::string::npos || e.find("counts differ") != std::string::npos,
+           "a stream-ordered call's mismatch, from wait(): " + e);
+  }
+  std::printf("stream-ordered: done\n");
+
+  // 6. errors end every wait
   collx::options o;
   o.timeout = std::chrono::milliseconds(500);
   {

@@ -137,7 +137,8 @@ void automatic_setup(communicator<T>& comm) {
     auto call = make_call<std::byte, no_op>(comm, "automatic", "tree", sizeof b, 0);
     schedule s;
     algo::binomial::broadcast(s, 0, comm.rank(), comm.size(), 0, {buf::out, 0, sizeof b});
-    execute(comm, call, s, reinterpret_cast<const std::byte*>(&b), reinterpret_cast<std::byte*>(&b), no_op{});
+    on_transport_memory(comm, reinterpret_cast<std::byte*>(&b), sizeof b,
+                        [&](std::byte* p) { execute(comm, call, s, static_cast<const std::byte*>(p), p, no_op{}); });
   }
   st.n = b.n;
   std::copy(std::begin(b.per), std::end(b.per), st.forced.begin());

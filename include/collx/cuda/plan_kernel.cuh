@@ -21,39 +21,26 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "../device/layout.hpp"
 #include "../device/plan.hpp"
 #include "reduce.cuh"
 
 namespace collx::cuda {
 
-/// A message as posted: where its data is (an address every peer can read), its size, and the
-/// call's signature hash (signature.hpp), which the receiver compares with its own.
-struct dev_message {
-  std::uint64_t addr;
-  std::uint64_t bytes;
-  std::uint64_t sig;
-};
+using device::ack;
+using device::inbox;
+using device::message;
+using device::plan_status;
+using device::st_aborted;
+using device::st_bad_address;
+using device::st_mismatch_bytes;
+using device::st_mismatch_call;
+using device::st_ok;
+using device::st_timeout;
 
-/// One ordered pair's mailbox side: the receiver polls `posted` and reads the slots.
-struct alignas(128) inbox {
-  std::uint64_t posted;
-  std::uint64_t pad_[15];
-  dev_message slots[device::kSlots];
-};
-/// The other side: the sender polls `taken`, which the receiver raises once per chunk.
-struct alignas(128) ack {
-  std::uint64_t taken;
-  std::uint64_t pad_[15];
-};
-
-/// Why a kernel stopped early. Lives in mapped host memory: the host reads it after the stream
-/// has reached the kernel.
-struct plan_status {
-  int code;  // a status_code
-  int peer;
-  std::uint64_t aux;  // mismatch: the peer's bytes
-};
-enum status_code : int { st_ok = 0, st_timeout = 1, st_mismatch_bytes = 2, st_mismatch_call = 3, st_aborted = 4 };
+/// The most ranks of a group of processes: each launch carries where every peer's buffers are
+/// mapped (plan_args::peer_base), 3 addresses a rank.
+inline constexpr int kMaxProcessRanks = 32;
 
 /// Everything one rank's launch reads, by value.
 struct plan_args {
@@ -68,11 +55,17 @@ struct plan_args {
   std::uint64_t* barrier;      // this rank's grid barrier counter
   std::uint64_t* barrier_base; // the counter's value when this launch began (device memory:
                                // block 0 advances it at the end, as it does the pair bases)
-  plan_status* status;         // this rank's
+  plan_status* status;         // this call's (mapped host memory: one slot per call in flight)
   int* abort;                  // the group's: nonzero once any rank failed (a failing kernel raises it)
   std::uint64_t sig;           // this call's signature hash
   std::uint64_t timeout_ns;
   int rank, size;
+  std::uint64_t* exited;       // the rank's count of ended blocks (its region: layout.hpp)
+  std::uint64_t exit_target;   // what it reaches when this launch's last block has ended
+  std::uint64_t* finished;     // the rank's count of ended launches (mapped host memory), or null
+  std::uint64_t launch;        // this launch's number: `finished` becomes it
+  int translate;               // between processes: posts name (buffer, offset), looked up in peer_base
+  std::uint64_t peer_base[3 * kMaxProcessRanks];  // [rank][buf - 1]: where each peer's in, out, tmp are mapped
 };
 
 __device__ __forceinline__ std::uint64_t global_ns() {
@@ -151,11 +144,11 @@ struct device_env {
     return ok != 0;
   }
 
-  __device__ void post(int q, std::uint64_t index, const std::byte* data, std::uint64_t bytes) {
+  __device__ void post(int q, std::uint64_t index, std::uint8_t buf, std::uint64_t off, std::uint64_t bytes) {
     if (threadIdx.x != 0) return;
     inbox& box = *a.out_to[q];
-    dev_message& m = box.slots[index % device::kSlots];
-    m.addr = reinterpret_cast<std::uint64_t>(data);
+    message& m = box.slots[index % device::kSlots];
+    m.addr = a.translate ? device::address_of_buffer(buf, off) : reinterpret_cast<std::uint64_t>(base(buf) + off);
     m.bytes = bytes;
     m.sig = a.sig;
     store_release_sys(box.posted, index + 1);
@@ -167,16 +160,26 @@ struct device_env {
     __shared__ const std::byte* where;
     __shared__ int ok;
     if (threadIdx.x == 0) {
-      const dev_message& m = box.slots[index % device::kSlots];
+      const message& m = box.slots[index % device::kSlots];
       ok = 1;
+      where = reinterpret_cast<const std::byte*>(m.addr);
       if (m.sig != a.sig) {
         fail(st_mismatch_call, q, m.bytes);
         ok = 0;
       } else if (m.bytes != bytes) {
         fail(st_mismatch_bytes, q, m.bytes);
         ok = 0;
+      } else if (m.bytes == 0) {
+        where = nullptr;  // (a message of no bytes names no buffer)
+      } else if ((m.addr & device::kBufferAddress) != 0) {  // a peer process's buffer, as mapped here
+        const std::uint8_t b = device::buffer_of_address(m.addr);
+        const std::uint64_t at = b >= 1 && b <= 3 && q < kMaxProcessRanks ? a.peer_base[q * 3 + b - 1] : 0;
+        if (at == 0) {
+          fail(st_bad_address, q, m.addr);
+          ok = 0;
+        }
+        where = reinterpret_cast<const std::byte*>(at + device::offset_of_address(m.addr));
       }
-      where = reinterpret_cast<const std::byte*>(m.addr);
     }
     __syncthreads();
     data = where;
@@ -266,11 +269,20 @@ __global__ void __launch_bounds__(kThreads) plan_kernel(plan_args a, Op op) {
     for (int i = int(threadIdx.x); i < 3 * a.size; i += int(blockDim.x)) a.bases[i] += a.totals[i];
     if (threadIdx.x == 0 && gridDim.x > 1 && env.barriers != 0) *a.barrier_base += env.barriers * gridDim.x;
   }
+  // This block reads no peer's memory any more. The last block out counts the launch as ended
+  // (a failing rank waits for its peers' launches to end before it frees what they may read).
+  __syncthreads();
+  if (threadIdx.x == 0 && a.exited != nullptr) {
+    __threadfence_system();
+    const unsigned long long before = atomicAdd(reinterpret_cast<unsigned long long*>(a.exited), 1ull);
+    if (before + 1 == a.exit_target && a.finished != nullptr) store_release_sys(*a.finished, a.launch);
+  }
 }
 
 /// Launches one rank's plan on `stream`.
 template <class E, class Op>
 cudaError_t launch_plan(const plan_args& a, const Op& op, int blocks, cudaStream_t stream) {
+  (void)cudaGetLastError();  // (what it returns after the launch is then this launch's own)
   plan_kernel<E, Op><<<blocks, kThreads, 0, stream>>>(a, op);
   return cudaGetLastError();
 }

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "../schedule.hpp"
+#include "layout.hpp"
 
 #if defined(__CUDACC__)
 #define COLLX_HD __host__ __device__
@@ -64,9 +65,6 @@ struct plan_phase {
   std::uint32_t barrier = 1;
 };
 
-/// Mailbox slots per ordered pair of ranks: the most messages one step may post to one peer.
-inline constexpr std::uint32_t kSlots = 32;
-
 /// What a kernel reads: trivially copyable pointers into arrays the plan owns (or their device
 /// copies).
 struct plan_view {
@@ -84,6 +82,12 @@ struct plan {
   std::size_t elem = 1;
   std::vector<std::uint64_t> msgs_to, chunks_to, msgs_from;  // per peer
   std::uint32_t max_posts_per_step = 0;                      // per peer, the largest
+  /// Bytes of each buffer (collx::buf: none, in, out, tmp) the plan touches, from its start:
+  /// what a transport that stages or exports the buffers must cover.
+  std::uint64_t extent[4] = {0, 0, 0, 0};
+  /// Bit b set: the plan posts messages from buffer b (its peers read it: between processes it
+  /// must be memory they can map).
+  unsigned posts_from = 0;
   plan_view view() const { return {ops.data(), phases.data(), std::uint32_t(phases.size()), chunk}; }
   std::size_t memory_bytes() const {
     return sizeof(*this) + ops.capacity() * sizeof(plan_op) + phases.capacity() * sizeof(plan_phase) +
@@ -122,6 +126,14 @@ inline plan lower(const schedule& s, int nranks, std::size_t elem, std::uint64_t
   std::vector<int> awaited;
   auto bytes = [&](const region& r) { return std::uint64_t(r.count) * elem; };
   auto off = [&](const region& r) { return std::uint64_t(r.offset) * elem; };
+  auto touch = [&](const region& r) {
+    const auto b = std::size_t(r.b) & 3;
+    if (r.count != 0 && off(r) + bytes(r) > p.extent[b]) p.extent[b] = off(r) + bytes(r);
+  };
+  for (const copy_op& c : s.copies()) touch(c.dst), touch(c.src);
+  for (const send_op& o : s.sends()) touch(o.src), p.posts_from |= 1u << (unsigned(o.src.b) & 3);
+  for (const recv_op& r : s.recvs()) touch(r.dst), r.how == combine::copy ? void() : touch(r.with);
+  for (const region& r : s.finals()) touch(r);
   auto close = [&](std::uint32_t barrier) {
     const auto at = std::uint32_t(p.ops.size());
     const std::uint32_t begin = p.phases.empty() ? 0 : p.phases.back().end;
@@ -219,7 +231,10 @@ struct bases {
 ///                                         (the host's test of the phase split: the result must
 ///                                         not depend on the order within a phase)
 ///   std::byte* base(std::uint8_t buf)     this rank's in, out, tmp
-///   void post(int peer, uint64_t index, const std::byte* data, uint64_t bytes)
+///   void post(int peer, uint64_t index, std::uint8_t buf, uint64_t off, uint64_t bytes)
+///                                         publishes bytes at `off` of this rank's buffer `buf`
+///                                         (an address, or the buffer and offset between
+///                                         processes: layout.hpp, address_of_buffer)
 ///   bool arrived(int peer, uint64_t index, uint64_t bytes, const std::byte*& data)
 ///                                         waits for message `index` from peer, checks it
 ///                                         matches (signature, size), says where its data is
@@ -248,7 +263,7 @@ COLLX_HD bool run_plan(const plan_view& p, const bases& b, Env& env) {
     if (w == 0)
       for (std::uint32_t i = begin; i < end; ++i) {
         const plan_op& o = p.ops[i];
-        if (o.kind == op_kind::post) env.post(o.peer, b.sent[o.peer] + o.n, env.base(o.src_buf) + o.src_off, o.bytes);
+        if (o.kind == op_kind::post) env.post(o.peer, b.sent[o.peer] + o.n, o.src_buf, o.src_off, o.bytes);
       }
     for (std::uint32_t x = begin; x < end; ++x) {
       const std::uint32_t i = rev ? end - 1 - (x - begin) : x;

@@ -149,10 +149,10 @@ class planned {
     std::byte* base(std::uint8_t b) const noexcept { return bufs[b & 3]; }
     bool barrier() const noexcept { return true; }
 
-    void post(int q, std::uint64_t index, const std::byte* data, std::uint64_t bytes) {
+    void post(int q, std::uint64_t index, std::uint8_t buf, std::uint64_t off, std::uint64_t bytes) {
       pair& c = t->ch_->at(t->rank(), q);
       message& m = c.slots[index % device::kSlots];
-      m.data = data;
+      m.data = base(buf) + off;
       m.bytes = bytes;
       m.sig = call->sig;
       c.posted.store(index + 1, std::memory_order_release);
