@@ -90,7 +90,7 @@ TEST_CASE("ipc: descriptors pass between ranks' sockets, each found by its id wh
   memfd_free(y);
 }
 
-TEST_CASE("ipc: what a plan posts from and cannot be exported is staged; an in and out that overlap as one", "[ipc]") {
+TEST_CASE("ipc: what a plan posts from and cannot be exported is staged, and an in and out that overlap as one", "[ipc]") {
   std::vector<std::byte> host(1000), stage0(1000), stage1(1000);
   std::vector<collx::local_copy_part> before, after;
   auto stage = [&](int slot, std::size_t) { return slot == 0 ? stage0.data() : stage1.data(); };
@@ -139,22 +139,79 @@ TEST_CASE("ipc: what a plan posts from and cannot be exported is staged; an in a
   }
 }
 
-TEMPLATE_TEST_CASE("ipc: reducing collectives over processes walking device plans equal the serial reference", "[ipc]", algo::ring,
-                   algo::tree, algo::recursive_halving, algo::automatic) {
-  check_reducing_matrix<processes_ipc<>, TestType>();
-}
+namespace {
+template <class A>
+constexpr bool has_rs = std::is_same_v<A, algo::automatic> || requires(const A& a, const algo::rs_problem& p) { a.reduce_scatter(p); };
+template <class A>
+constexpr bool has_ar = has_rs<A> || requires(const A& a, const algo::ar_problem& p) { a.all_reduce(p); };
+template <class A>
+constexpr bool has_ag = std::is_same_v<A, algo::automatic> || requires(const A& a, const algo::ag_problem& p) { a.all_gather(p); };
+template <class A>
+constexpr bool has_root = std::is_same_v<A, algo::automatic> || (requires(const A& a, const algo::bcast_problem& p) { a.broadcast(p); } &&
+                                                                 requires(const A& a, const algo::reduce_problem& p) { a.reduce(p); });
 
-TEMPLATE_TEST_CASE("ipc: data-moving collectives over processes walking device plans deliver every block", "[ipc]", algo::ring,
-                   algo::tree, algo::recursive_halving, algo::pairwise) {
-  check_moving_matrix<processes_ipc<>, TestType>();
+/// Every collective policy Algo has, on one group of n process-ranks, at every count of the
+/// core's sweep, against the serial reference: one job per N, its group made once (as a job
+/// makes it), every call exchanging and mapping anew. Returns "" or the first difference.
+template <class Algo>
+std::string ipc_matrix(int n) {
+  return run_checked<processes_ipc<>>(n, [n](auto& comm, auto note) {
+    const int r = comm.rank();
+    const Algo a{};
+    const collx::ops::sum op{};
+    for (std::size_t count : counts_for(n)) {
+      auto check = [&](const char* what, const std::string& s) {
+        if (!s.empty()) note(std::string(what) + " of " + std::to_string(count) + ": " + s);
+      };
+      const std::size_t k = count / std::size_t(n) + (count % 2);
+      if constexpr (has_ar<Algo>) {
+        const auto in = inputs<float, collx::ops::sum>(r, count);
+        std::vector<float> out(count);
+        collx::all_reduce(comm, std::span<const float>{in}, std::span{out}, op, a);
+        check("all_reduce", compare(out, reference<float>(op, n, count)));
+        auto b = inputs<std::int32_t, collx::ops::sum>(r, count);
+        collx::all_reduce(comm, std::span{b}, op, a);
+        check("all_reduce in place", compare(b, reference<std::int32_t>(op, n, count)));
+      }
+      if constexpr (has_rs<Algo>) {
+        const auto in = inputs<float, collx::ops::sum>(r, k * std::size_t(n));
+        std::vector<float> out(k);
+        collx::reduce_scatter(comm, std::span<const float>{in}, std::span{out}, op, a);
+        const auto want = reference<float>(op, n, k * std::size_t(n));
+        check("reduce_scatter", compare(out, std::vector<float>(want.begin() + std::ptrdiff_t(k) * r, want.begin() + std::ptrdiff_t(k) * (r + 1))));
+      }
+      if constexpr (has_root<Algo>) {
+        const auto in = inputs<std::int32_t, collx::ops::sum>(r, count);
+        std::vector<std::int32_t> out(r == n - 1 ? count : 0);
+        collx::reduce(comm, std::span<const std::int32_t>{in}, std::span{out}, op, n - 1, a);
+        if (r == n - 1) check("reduce", compare(out, reference<std::int32_t>(op, n, count)));
+        std::vector<std::int32_t> buf(count), want(count);
+        for (std::size_t i = 0; i < count; ++i) buf[i] = payload<std::int32_t>(r, i), want[i] = payload<std::int32_t>(n / 2, i);
+        collx::broadcast(comm, std::span{buf}, n / 2, a);
+        check("broadcast", compare(buf, want));
+      }
+      if constexpr (has_ag<Algo>) {
+        std::vector<float> in(k), out(k * std::size_t(n)), want(k * std::size_t(n));
+        for (std::size_t i = 0; i < k; ++i) in[i] = payload<float>(r, i);
+        for (int q = 0; q < n; ++q)
+          for (std::size_t i = 0; i < k; ++i) want[std::size_t(q) * k + i] = payload<float>(q, i);
+        collx::all_gather(comm, std::span<const float>{in}, std::span{out}, a);
+        check("all_gather", compare(out, want));
+      }
+    }
+  });
 }
+}  // namespace
 
-TEST_CASE("ipc: recursive doubling, every dtype and op, all_to_all_v, messages cut into many chunks, opaque handles", "[ipc]") {
-  for (int n : {2, 3, 5, 8}) {
+TEMPLATE_TEST_CASE("ipc: every collective over processes walking device plans equals the serial reference", "[ipc]", algo::ring,
+                   algo::tree, algo::recursive_halving, algo::recursive_doubling, algo::pairwise, algo::automatic) {
+  for (int n : process_ranks()) {
     CAPTURE(n);
-    CHECK(run_all_reduce<float, collx::ops::sum, algo::recursive_doubling, processes_ipc<>>(n, 100003, false) == "");
-    CHECK(run_all_reduce<std::int32_t, collx::ops::sum, algo::recursive_doubling, processes_ipc<>>(n, std::size_t(n + 1), true) == "");
+    CHECK(ipc_matrix<TestType>(n) == "");
   }
+}
+
+TEST_CASE("ipc: every dtype and op, all_to_all_v, messages cut into many chunks, opaque handles, in place", "[ipc]") {
   for (int n : {3, 8}) check_dtypes_and_ops<processes_ipc<>>(n);
   for (int n : {1, 2, 5}) CHECK(run_all_to_all_v<processes_ipc<>>(n) == "");
   using chunky = processes_ipc<dipc::handle_kind::fd, 64>;
@@ -179,7 +236,7 @@ namespace {
 std::int64_t val(int r, std::size_t i, int c) { return std::int64_t(r + 1) * 1000003 + std::int64_t(i) * 7 + c * 13; }
 }  // namespace
 
-TEST_CASE("ipc: buffers in exportable memory are mapped by the peers, not staged; freed ones are unmapped", "[ipc]") {
+TEST_CASE("ipc: buffers in exportable memory are mapped by the peers, not staged, and freed ones are unmapped", "[ipc]") {
   for (auto mode : {dipc::handle_kind::fd, dipc::handle_kind::opaque}) {
     CAPTURE(int(mode));
     for (int n : {2, 3, 5}) {
@@ -247,7 +304,7 @@ TEST_CASE("ipc: mismatched calls fail at the exchange, naming both calls", "[ipc
   check_mismatches([](int n, auto f, const collx::options& o) { processes_ipc<>{}(n, f, o); });
 }
 
-TEST_CASE("ipc: a rank whose process dies is named by every other rank at once; a late one by the deadline", "[ipc][errors]") {
+TEST_CASE("ipc: a rank whose process dies is named by every other rank at once, a late one by the deadline", "[ipc][errors]") {
   collx::options o;
   o.timeout = std::chrono::seconds(20);
   const auto t = std::chrono::steady_clock::now();
