@@ -65,11 +65,15 @@ inline std::string calibration_file(std::string_view transport, int ranks) {
 /// machine's own calibration is better. cuda's are not measured (no GPU has run collx yet): α is
 /// a step's flag round trip in peer memory behind a system-scope fence, estimated at 2 us; β a
 /// pull's two bytes of HBM traffic (read the peer's, write its own) per byte at the ~4 TB/s an
-/// H200 reaches of its 4.8 TB/s; γ the extra operand a reducing pull reads.
+/// H200 reaches of its 4.8 TB/s; γ the extra operand a reducing pull reads. cuda-ipc (process-
+/// ranks, one GPU each), also estimated: each call's exchange of buffers through the bootstrap
+/// (an all_gather over shm, ~5 us) added to cuda's α; β a pull over NVLink (~450 GB/s a
+/// direction between two H100/H200 of an HGX node).
 inline params shipped_defaults(std::string_view transport) {
   params p;
   if (transport == "shm") p = {2.1e-7, 7.3e-11, 1.2e-10, {}};
   else if (transport == "cuda") p = {2.0e-6, 5.0e-13, 2.5e-13, {}};
+  else if (transport == "cuda-ipc") p = {8.0e-6, 2.2e-12, 2.5e-13, {}};
   else if (transport == "tcp") p = {4.0e-6, 4.5e-10, 1.2e-10, {}};
   else p = {6.1e-6, 1.2e-10, 1.2e-10, {}};  // inproc (threads), and anything else
   p.source = "shipped defaults for " + std::string(transport);
