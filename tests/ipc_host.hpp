@@ -255,8 +255,7 @@ class ipc_planned {
     auto check = [&] {
       if (ready()) return;
       g_->peer_gone();
-      // (It may have finished what this rank waits for just before it left: looked at again.)
-      if (g_->left(q) && !ready())
+      if (collx::detail::gone_unready([&] { return g_->left(q); }, ready))
         call.fail(collx::errc::peer_lost, call.peer(q) + " has left the communicator while this rank waited for it (" + what + ")");
       if (const int f = g_->first_failed(); f >= 0 && f != rank())
         call.fail(collx::errc::peer_lost, "the job was aborted while waiting for " + call.peer(q) + " (" + what + "): " + call.peer(f) +

@@ -234,6 +234,26 @@ TEST_CASE("device plans on host threads: many calls in a row keep the pair count
         }) == "");
 }
 
+TEST_CASE("waits: a peer that did what this rank waits for just before it left is not blamed", "[plan][errors]") {
+  // The race CI's ThreadSanitizer run hit once (a ring reduce_scatter at N = 3): this rank looks
+  // at `ready`, the peer takes its message and leaves, this rank looks at the peer's state. Here
+  // the peer's two stores run at this rank's look at its state, between the two looks; the
+  // transports' waits (planned, inproc's any-source receive, the ipc tests' host backend) decide
+  // through gone_unready, which must look at `ready` again after the state.
+  bool taken = false, left = false;
+  const auto ready = [&] { return taken; };
+  const auto peer_takes_and_leaves = [&] {
+    taken = true;
+    left = true;
+    return left;
+  };
+  CHECK_FALSE(collx::detail::gone_unready(peer_takes_and_leaves, ready));
+  // A peer that left without doing it is blamed; a live one never is.
+  CHECK(collx::detail::gone_unready([] { return true; }, [] { return false; }));
+  CHECK_FALSE(collx::detail::gone_unready([] { return false; }, [] { return false; }));
+  CHECK_FALSE(collx::detail::gone_unready([] { return false; }, [] { return true; }));
+}
+
 TEST_CASE("device plans on host threads: mismatches, deadlines and failed peers end every wait", "[plan][errors]") {
   check_mismatches([](int n, auto f, const collx::options& o) { planned_threads<>{}(n, f, o); });
   collx::options o;

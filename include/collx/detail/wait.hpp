@@ -106,6 +106,17 @@ struct on_block {
   }
 };
 
+/// Whether a wait on peers that are no longer live has failed. A peer publishes its leaving (or
+/// its end) after its last work, so it may have done what this rank waits for just before it
+/// went: its state is looked at first and `ready` again after it. The other order (`ready`, then
+/// the state) blames a wait the peer finished between the two looks, and fails a call that
+/// succeeded (seen once in CI's ThreadSanitizer run: "rank 1 has left the communicator while this
+/// rank waited for it to take this rank's message", of a rank that had taken it and returned).
+template <class Gone, class Ready>
+bool gone_unready(Gone gone, Ready ready) {
+  return gone() && !ready();
+}
+
 template <class Done, class Check>
 wait_result wait_on(waitable& w, Done done, Check check, std::chrono::nanoseconds timeout, bool shared,
                     int spin = kSpinIterations, on_block blocked = {}) {

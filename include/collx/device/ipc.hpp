@@ -208,7 +208,14 @@ class fd_channel {
           return fd;
         }
       if (read_one()) continue;
-      check();
+      try {
+        check();  // throws when `from` is gone
+      } catch (...) {
+        // (It may have sent the descriptor just before it went: looked for again, as
+        // detail::gone_unready has it.)
+        if (read_one()) continue;
+        throw;
+      }
       if (std::chrono::steady_clock::now() >= deadline)
         throw error(errc::timeout, "collx ipc: rank " + std::to_string(rank_) + " timed out waiting for rank " + std::to_string(from) +
                                        " to pass the descriptor of its allocation " + std::to_string(id));

@@ -425,9 +425,13 @@ class inproc {
       if (const int f = g_->first_failed(); f >= 0 && f != rank_)
         call.fail(errc::peer_lost, "the job was aborted while waiting for a message from any of " + call.peers(peers) + ": " +
                                        call.peer(f) + " failed: " + g_->why(f));
-      for (int p : peers)
-        if (g_->state(p) == rank_state::live) return;
-      call.fail(errc::peer_lost, "every rank it could receive from has left the communicator (" + call.peers(peers) + ")");
+      const auto all_gone = [&] {
+        for (int p : peers)
+          if (g_->state(p) == rank_state::live) return false;
+        return true;
+      };
+      if (detail::gone_unready(all_gone, ready))
+        call.fail(errc::peer_lost, "every rank it could receive from has left the communicator (" + call.peers(peers) + ")");
     };
     detail::timed_wait tw(call, -1);
     if (detail::wait_on(g_->doorbell(rank_), ready, check, call.timeout, false, spin_, tw.hook()) == detail::wait_result::timed_out)

@@ -126,7 +126,7 @@ class planned {
       if (const int f = group().first_failed(); f >= 0 && f != rank())
         call.fail(errc::peer_lost, "the job was aborted while waiting for " + call.peer(q) + " (" + what + "): " + call.peer(f) +
                                        " failed: " + group().why(f));
-      if (group().state(q) != state::live)
+      if (detail::gone_unready([&] { return group().state(q) != state::live; }, ready))
         call.fail(errc::peer_lost, call.peer(q) + " has left the communicator while this rank waited for it (" + what + ")");
     };
     detail::timed_wait tw(call, q);
