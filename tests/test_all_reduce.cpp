@@ -31,6 +31,9 @@ TEMPLATE_TEST_CASE("a large all_reduce runs in segments and still equals the ref
   for (int n : {1, 3, 5}) {
     CAPTURE(n);
     CHECK(run_all_reduce<float, collx::ops::sum, TestType>(n, count, false) == "");
+    // (Under TSan the segments' hand-offs between threads are the first call's; other types and
+    // ops, in place, are the same traffic: ~1 min of CI's TSan stage.)
+    if (kThreadSanitizer) continue;
     CHECK(run_all_reduce<float, collx::ops::avg, TestType>(n, count, true) == "");
     CHECK(run_all_reduce<std::int32_t, collx::ops::max, TestType>(n, count, true) == "");
   }

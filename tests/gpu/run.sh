@@ -13,14 +13,19 @@
 # all_reduce beside NCCL's one-rank call), and writes every log and summary.txt under OUTDIR.
 # It ends in under 8 minutes: each step has its own time limit.
 #
-# (COLLX_GPU_BUILD_S overrides the build's limit of 150 s: on a 2-core machine without a GPU the build
+# (COLLX_GPU_BUILD_S overrides the build's limit of 130 s: on a 2-core machine without a GPU the build
 # alone takes ~5 min, and the rest then skips, which is how the script itself is checked.)
 set -uo pipefail
 # A hang shows as an error naming the peer within the steps' limits; kernels load up front (a
 # lazily loaded kernel may wait for the device, where other ranks' kernels wait for this rank).
-export COLLX_TIMEOUT_S=${COLLX_TIMEOUT_S:-10} CUDA_MODULE_LOADING=EAGER
+# CUDA_DEVICE_MAX_CONNECTIONS: the device's hardware work queues (8 by default, 32 at most); more
+# streams than queues share them in order, and a rank's kernel waiting on a peer whose work sits
+# behind it in the same queue would wait until its deadline. At N = 8 thread-ranks a test
+# process has ~16 streams (each rank's and the threads' own).
+export COLLX_TIMEOUT_S=${COLLX_TIMEOUT_S:-10} CUDA_MODULE_LOADING=EAGER CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
 out=${1:?usage: tests/gpu/run.sh OUTDIR}
 mkdir -p "$out"
+out=$(cd "$out" && pwd)  # (the script moves to the repository's root below)
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 start=$SECONDS
 say() { printf '== [%3d s] %s\n' $((SECONDS - start)) "$*" | tee -a "$out/summary.txt"; }
@@ -41,7 +46,7 @@ if ! cmake -S . -B build-gpu -G Ninja -Wno-dev -DCMAKE_BUILD_TYPE=Release -DCOLL
   exit 1
 fi
 say "build"
-if ! timeout "${COLLX_GPU_BUILD_S:-150}" cmake --build build-gpu -j "$(nproc)" >"$out/build.log" 2>&1; then
+if ! timeout "${COLLX_GPU_BUILD_S:-130}" cmake --build build-gpu -j "$(nproc)" >"$out/build.log" 2>&1; then
   grep -E "error|FAILED" "$out/build.log" | head -30 | tee -a "$out/summary.txt"
   say "FAILED: build"
   exit 1
@@ -51,13 +56,13 @@ say "no-GPU checks of the build (PTX, headers)"
 tail -3 "$out/ctest.log" | tee -a "$out/summary.txt"
 
 say "test_cuda: dtype x op, collectives x policies at N = 1, 2, 4, 8, errors"
-timeout 100 build-gpu/tests/cuda/test_cuda >"$out/test_cuda.txt" 2>&1
+timeout 95 build-gpu/tests/cuda/test_cuda >"$out/test_cuda.txt" 2>&1
 rc_test=$?
 grep -E "^FAIL|checks|device 0|instances|collectives at|splits|fused|stream-ordered|timeout|mismatch|skipped" "$out/test_cuda.txt" | head -40 | tee -a "$out/summary.txt"
 say "test_cuda exit status $rc_test (0 passed, 77 skipped: no device)"
 
 say "test_cuda_ipc: process-ranks (VMM descriptors, cudaIpc handles), collectives x policies at N = 2, 3, errors"
-timeout 80 build-gpu/tests/cuda/test_cuda_ipc >"$out/test_cuda_ipc.txt" 2>&1
+timeout 75 build-gpu/tests/cuda/test_cuda_ipc >"$out/test_cuda_ipc.txt" 2>&1
 rc_ipc=$?
 grep -E "^FAIL|checks|process-ranks|collectives over|async|mismatch|killed|skipped" "$out/test_cuda_ipc.txt" | head -40 | tee -a "$out/summary.txt"
 say "test_cuda_ipc exit status $rc_ipc (0 passed, 77 skipped: no device)"

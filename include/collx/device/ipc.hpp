@@ -571,7 +571,6 @@ class process_group {
       jfd.fd = int(::syscall(SYS_memfd_create, "collx-job", MFD_CLOEXEC));
       if (jfd.fd < 0 || ::ftruncate(jfd.fd, off_t(jb)) != 0)
         throw error(errc::transport_error, std::string("collx ipc: cannot make the job block (memfd): ") + std::strerror(errno));
-      for (int q = 1; q < n_; ++q) chan_.send(q, kJobId, jfd.fd, deadline);
     } else {
       jfd.fd = chan_.receive(0, kJobId, deadline, check_boot);
     }
@@ -580,7 +579,12 @@ class process_group {
     job_ = j;
     job_bytes_ = jb;
     jv_ = job_view(job_, n_);
-    if (rank_ == 0) jv_.init();
+    if (rank_ == 0) {
+      // Initialized before anyone has it: a peer that fails early (its fail() is the first
+      // failure) must not have its mark wiped by this init, nor read rank 0 as the first failed.
+      jv_.init();
+      for (int q = 1; q < n_; ++q) chan_.send(q, kJobId, jfd.fd, deadline);
+    }
     job_of(rank_).pid = ::getpid();
     job_dev_ = be_.register_host(job_, job_bytes_);
     registered_ = true;
