@@ -595,3 +595,25 @@ TEST_CASE("tcp::from_env reads the launchers' variables and asks for a rendezvou
     else unsetenv(n.c_str());
   }
 }
+
+TEST_CASE("over tcp: a split's member gone before the split's connections is named by its rank in the communicator split from",
+          "[tcp][faults]") {
+  // CI's chaos run (tcp) once killed a rank between a split's exchange of addresses and its
+  // connections: the survivors' error named the split's "rank 0" alone, which no reader could
+  // map to the job's rank 1 that died. Here the split's rank 0, rank 4 of the communicator split
+  // from, offered a socket that is closed by the time rank 1 (its rank 7) connects.
+  std::string dead;
+  {
+    auto [l, at] = net::listen_on(net::resolve("127.0.0.1", 0));
+    dead = at.str();
+  }
+  auto [mine, at] = net::listen_on(net::resolve("127.0.0.1", 0));
+  collx::transport::tcp_detail::rendezvous r("named.s1c0", 1, 2, collx::transport::tcp_config{}, net::fd{});
+  std::string what;
+  try {
+    r.run_split(std::move(mine), {dead, at.str()}, "a-token", false, net::clock::now() + 300ms, {4, 7});
+  } catch (const collx::error& e) {
+    what = e.what();
+  }
+  CHECK_THAT(what, Contains("rank 1 (rank 7 of the communicator split from) could not connect to rank 0 (rank 4 of the communicator split from)"));
+}

@@ -252,8 +252,10 @@ class rendezvous {
 
   /// A communicator split from a connected one (split_plan.hpp): no store, the members'
   /// addresses came in the split's all_gather, and `listener` is the socket this rank offered.
+  /// `parent`: the members' ranks in the communicator split from (messages name both).
   void run_split(net::fd listener, const std::vector<std::string>& where, const std::string& token, bool crowded,
-                 net::clock::time_point deadline) {
+                 net::clock::time_point deadline, std::vector<int> parent = {}) {
+    parent_ = std::move(parent);
     token_ = token;
     crowded_ = crowded;
     peers_.clear();
@@ -268,6 +270,16 @@ class rendezvous {
     listener_ = std::move(listener);
     size_buffers();
   }
+
+  /// Rank q as messages name it: in a split, with its rank in the communicator split from (a
+  /// member that died before the split's connections were made is known to the reader by that).
+  std::string tag(int q) const {
+    std::string s = std::to_string(q);
+    if (q >= 0 && std::size_t(q) < parent_.size())
+      s += " (rank " + std::to_string(parent_[std::size_t(q)]) + " of the communicator split from)";
+    return s;
+  }
+  std::string who(int q) const { return "rank " + tag(q); }
 
   /// config::socket_buffer_bytes on every connection.
   void size_buffers() {
@@ -295,14 +307,13 @@ class rendezvous {
       std::string why;
       net::fd s = net::connect_until(addr[std::size_t(q)], deadline, why);
       if (!s)
-        throw error(errc::timeout, "tcp: rendezvous of job \"" + job_ + "\": rank " + std::to_string(rank_) + " could not connect to rank " +
-                                       std::to_string(q) + " at " + addr[std::size_t(q)].str() + ": " + why);
+        throw error(errc::timeout, "tcp: rendezvous of job \"" + job_ + "\": " + who(rank_) + " could not connect to " + who(q) + " at " + addr[std::size_t(q)].str() + ": " + why);
       tcp_wire::hello h;
       h.rank = std::uint32_t(rank_);
       h.size = std::uint32_t(n_);
       std::memcpy(h.token, tok.data(), tok.size());
       if (net::write_all(s.get(), &h, sizeof h, deadline) != net::io::ok)
-        throw error(errc::peer_lost, "tcp: rendezvous: rank " + std::to_string(q) + " at " + addr[std::size_t(q)].str() + " closed the connection");
+        throw error(errc::peer_lost, "tcp: rendezvous: " + who(q) + " at " + addr[std::size_t(q)].str() + " closed the connection");
       peers_[std::size_t(q)].s = std::move(s);
       outs.push_back(outgoing{q, 0, {}, false});
     }
@@ -315,10 +326,10 @@ class rendezvous {
       if (now >= deadline) {
         std::string missing;
         for (int q = rank_ + 1; q < n_; ++q)
-          if (!peers_[std::size_t(q)].s) missing += (missing.empty() ? "" : ", ") + std::to_string(q);
+          if (!peers_[std::size_t(q)].s) missing += (missing.empty() ? "" : ", ") + tag(q);
         std::string silent;
         for (const outgoing& o : outs)
-          if (!o.done) silent += (silent.empty() ? "" : ", ") + std::to_string(o.peer);
+          if (!o.done) silent += (silent.empty() ? "" : ", ") + tag(o.peer);
         throw error(errc::timeout, "tcp: rendezvous of job \"" + job_ + "\" timed out at rank " + std::to_string(rank_) +
                                        (missing.empty() ? "" : ": no admitted connection from rank(s) " + missing) +
                                        (silent.empty() ? "" : ": no answer to its hello from rank(s) " + silent));
@@ -393,7 +404,7 @@ class rendezvous {
         const ssize_t k = ::recv(p.s.get(), reinterpret_cast<char*>(&o.v) + o.got, sizeof o.v - o.got, MSG_DONTWAIT);
         if (k > 0) o.got += std::size_t(k);
         else if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
-          throw error(errc::peer_lost, "tcp: rendezvous: rank " + std::to_string(o.peer) + " at " + p.where + " closed the connection before admitting rank " +
+          throw error(errc::peer_lost, "tcp: rendezvous: " + who(o.peer) + " at " + p.where + " closed the connection before admitting rank " +
                                            std::to_string(rank_));
         if (o.got < sizeof o.v) continue;
         const auto code = tcp_wire::parse_verdict(std::span<const std::byte, sizeof o.v>(reinterpret_cast<const std::byte*>(&o.v), sizeof o.v));
@@ -428,6 +439,7 @@ class rendezvous {
   std::vector<conn> peers_;
   bool crowded_ = false;
   std::string token_;
+  std::vector<int> parent_;  // of a split: the members' ranks in the communicator split from
 };
 
 }  // namespace collx::transport::tcp_detail
