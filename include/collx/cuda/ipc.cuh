@@ -71,8 +71,12 @@ struct driver {
       auto find = [&](const char* name, auto& fn) {
         void* p = nullptr;
         cudaDriverEntryPointQueryResult q{};
-        if (cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &q) != cudaSuccess || q != cudaDriverEntryPointSuccess ||
-            p == nullptr) {
+#if CUDART_VERSION >= 12050
+        const cudaError_t e = cudaGetDriverEntryPointByVersion(name, &p, 12000, cudaEnableDefault, &q);
+#else  // (the versioned lookup came with CUDA 12.5)
+        const cudaError_t e = cudaGetDriverEntryPoint(name, &p, cudaEnableDefault, &q);
+#endif
+        if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || p == nullptr) {
           if (x.missing.empty()) x.missing = name;
           return;
         }
@@ -330,6 +334,9 @@ class ipc_backend {
   void write(std::byte* dst, const void* src, std::size_t bytes) {
     check(cudaSetDevice(dev_), "cudaSetDevice");
     check(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+    // (From pageable memory the copy returns once the bytes are staged; the kernels that read
+    // them run on streams that do not wait for the default stream.)
+    check(cudaStreamSynchronize(nullptr), "cudaStreamSynchronize");
   }
   void* register_host(void* p, std::size_t bytes) {
     check(cudaHostRegister(p, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable), "cudaHostRegister (the job block)");

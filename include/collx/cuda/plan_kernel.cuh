@@ -125,7 +125,10 @@ struct device_env {
       // trip over the host link (~1 us), so they are looked at every 8th turn, not between
       // every two looks at the counter (device memory), which would delay seeing it move.
       for (unsigned turn = 0; !ready(); ++turn) {
-        if (deadline == 0) deadline = global_ns() + a.timeout_ns;
+        // A barrier among this rank's own blocks (peer -1) waits twice as long: a block that
+        // reached it early must not time out before the block still waiting on a peer does,
+        // which names that peer (the first reason is the one reported).
+        if (deadline == 0) deadline = global_ns() + (peer < 0 ? 2 * a.timeout_ns : a.timeout_ns);
         if ((turn & 7) == 7 && stopped()) {
           fail(st_aborted, peer, 0);
           ok = 0;

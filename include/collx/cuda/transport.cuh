@@ -34,7 +34,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -106,11 +108,67 @@ class group_base {
   virtual split_offer prepare_split() { return {}; }
   virtual std::shared_ptr<group_base> split(const std::shared_ptr<group_base>& self, const split_plan& p, split_offer&& o) = 0;
   virtual void leave(int r) noexcept { jobs().leave(r); }
+  /// How many ranks' kernels may be on rank r's device at once, this group's and any other's of
+  /// the process (processes: this group's; other processes' kernels are time-sliced with ours).
+  virtual int residents(int r) const noexcept { return std::max(1, view(r).sharing); }
   /// Processes: rank r failed; peers waiting in the bootstrap (a call's exchange) learn it too.
   virtual void abort_boot(const std::string&) noexcept {}
 };
 
 // ---- threads -------------------------------------------------------------------------------
+
+/// Process-wide, for thread groups: how many thread-ranks of live groups each device holds, and
+/// the memory of groups gone while others live.
+/// - A grid is sized so that every rank's kernel on the device is resident at once. The ranks of
+///   a split's parts, and of the parent beside them, are other groups on the same device: each
+///   group counting only its own would ask for more than the device holds (two pairs of a split
+///   of 4 ranks would ask for twice the device), and a grid whose blocks cannot all be resident
+///   waits at its barrier until its deadline.
+/// - cudaFree and cudaFreeHost wait for the whole device, where another group's kernels may wait
+///   for the very thread that frees (a split communicator dropped while the parent's next call
+///   is under way on the other ranks). A group's memory is freed when the last group goes.
+class device_residents {
+ public:
+  static device_residents& get() {
+    static device_residents r;  // (never destroyed before the groups: function-local, first use)
+    return r;
+  }
+  void join(const std::vector<int>& devices) {
+    std::lock_guard g(mu_);
+    for (int d : devices) ++count_[d];
+    ++groups_;
+  }
+  int on(int device) const {
+    std::lock_guard g(mu_);
+    const auto it = count_.find(device);
+    return it == count_.end() ? 0 : it->second;
+  }
+  /// A group leaves: its ranks' devices, its regions (device, pointer) and its job block.
+  void leave(const std::vector<int>& devices, std::vector<std::pair<int, void*>> regions, void* job, bool joined) noexcept {
+    std::lock_guard g(mu_);
+    if (joined) {
+      for (int d : devices) --count_[d];
+      --groups_;
+    }
+    for (auto& r : regions) regions_.push_back(r);
+    if (job) jobs_.push_back(job);
+    if (groups_ > 0) return;
+    for (auto [d, p] : regions_) {
+      cudaSetDevice(d);
+      cudaFree(p);
+    }
+    for (void* j : jobs_) cudaFreeHost(j);
+    regions_.clear();
+    jobs_.clear();
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::map<int, int> count_;
+  int groups_ = 0;
+  std::vector<std::pair<int, void*>> regions_;
+  std::vector<void*> jobs_;
+};
 
 /// Ranks as threads of one process: every region in device memory of the process, the job block
 /// in mapped host memory (cudaHostAlloc), peers reached through peer access.
@@ -148,6 +206,9 @@ class thread_group final : public group_base {
   }
   bool wait_peers_idle(int r, std::chrono::nanoseconds limit) noexcept override {
     return jv_.wait_idle_but(r, limit, [](int) { return false; });
+  }
+  int residents(int r) const noexcept override {
+    return std::max({1, ranks_[std::size_t(r)].sharing, device_residents::get().on(device_of(r))});
   }
   dev_buffer allocate(int r, std::size_t bytes, cudaStream_t s) override {
     dev_buffer b;
@@ -240,18 +301,28 @@ class thread_group final : public group_base {
       check(cudaSetDevice(ranks_[std::size_t(r)].device), "cudaSetDevice");
       check(cudaMemcpy(ranks_[std::size_t(r)].region + lay_.tables(), t.data(), t.size() * sizeof(std::uint64_t), cudaMemcpyHostToDevice),
             "cudaMemcpy");
+      // The memset and the copy (from pageable memory: it returns once the bytes are staged) are
+      // on the default stream; the ranks' kernels run on streams that do not wait for it.
+      check(cudaStreamSynchronize(nullptr), "cudaStreamSynchronize (the group's counters and tables)");
     }
+    std::vector<int> devs;
+    for (const per_rank& x : ranks_) devs.push_back(x.device);
+    device_residents::get().join(devs);
+    joined_ = true;
   }
   void release_all() noexcept {
-    for (per_rank& x : ranks_)
-      if (x.region) {
-        cudaSetDevice(x.device);
-        cudaFree(x.region);
-        x.region = nullptr;
-      }
-    if (job_) cudaFreeHost(job_);
+    std::vector<int> devs;
+    std::vector<std::pair<int, void*>> regions;
+    for (per_rank& x : ranks_) {
+      devs.push_back(x.device);
+      if (x.region) regions.emplace_back(x.device, x.region);
+      x.region = nullptr;
+    }
+    device_residents::get().leave(devs, std::move(regions), job_, joined_);
     job_ = nullptr;
+    joined_ = false;
   }
+  bool joined_ = false;
   int n_;
   device::region_layout lay_;
   std::vector<per_rank> ranks_;
@@ -496,7 +567,12 @@ class transport {
   }
   /// Done with the group in order (launch_processes calls it after the rank's function).
   void leave() noexcept {
+    cudaSetDevice(v_.device);
     if (stream_) cudaStreamSynchronize(stream_);
+    // Nonblocking calls nobody waited for are settled first: one that failed fails this rank
+    // with its reason, which a rank already marked as left could no longer record.
+    for (auto& w : live_)
+      if (auto c = w.lock()) settle(*c);
     g_->leave(v_.rank);
   }
   static constexpr std::chrono::seconds kAbortReadWait{2};
@@ -583,6 +659,7 @@ class transport {
       // batch's copies) is done when the stream passes this: a call with no kernel and no
       // status, settled last.
       auto end = std::make_shared<detail::stream_call>();
+      check(cudaSetDevice(v_.device), "cudaSetDevice");  // (the event is the device's: f may have enqueued nothing)
       end->ev = event();
       check(cudaEventRecord(end->ev, stream_), "cudaEventRecord");
       remember(end);
@@ -645,10 +722,11 @@ class transport {
             "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
       return b;
     }();
-    if (per_sm < 1 || v_.sharing > v_.sms * per_sm)
-      call.fail(errc::invalid_argument, std::to_string(v_.sharing) + " ranks share device " + std::to_string(v_.device) +
+    const int sharing = g_->residents(v_.rank);  // (this group's ranks on the device, and other groups')
+    if (per_sm < 1 || sharing > v_.sms * per_sm)
+      call.fail(errc::invalid_argument, std::to_string(sharing) + " ranks share device " + std::to_string(v_.device) +
                                             ", more than its kernels can run at once (" + std::to_string(v_.sms * per_sm) + ")");
-    const int blocks = int(std::min<std::uint64_t>(std::uint64_t(max_blocks(per_sm)), std::max<std::uint64_t>(1, device::chunks_of(p.most, p.host.chunk))));
+    const int blocks = int(std::min<std::uint64_t>(std::uint64_t(max_blocks(per_sm, sharing)), std::max<std::uint64_t>(1, device::chunks_of(p.most, p.host.chunk))));
     // The call's status slot (one per call in flight), its launch number and blocks.
     const int slot = take_slot();
     device::job_rank& j = *v_.job;
@@ -712,8 +790,8 @@ class transport {
   /// sharing a device may run different kernels at once (one rank is already in its next call),
   /// whose blocks need different resources: a block of headroom per rank absorbs what the
   /// multiprocessors' fragmentation takes.
-  int max_blocks(int per_sm) const noexcept {
-    return std::max(1, v_.sms * std::max(1, per_sm) / std::max(1, v_.sharing) - (v_.sharing > 1 ? 1 : 0));
+  int max_blocks(int per_sm, int sharing) const noexcept {
+    return std::max(1, v_.sms * std::max(1, per_sm) / std::max(1, sharing) - (sharing > 1 ? 1 : 0));
   }
 
   std::byte* grow(dev_buffer& b, std::size_t bytes) {
@@ -892,6 +970,11 @@ class transport {
 template <class F>
 void launch_threads(int n, F&& f, options opts = {}, std::vector<int> devices = {0}) {
   if (n < 1) throw error(errc::invalid_argument, "cuda::launch_threads: the rank count must be at least 1, got " + std::to_string(n));
+  // Each rank's stream needs its own hardware queue of the device (8 by default): streams beyond
+  // them share queues in order, and a kernel waiting on a peer whose kernel is queued behind it
+  // would wait until its deadline. Read when the process's CUDA context is made: set here when
+  // the user has not (it takes effect if no context exists yet; tests/gpu/run.sh exports it).
+  ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
   auto g = std::make_shared<thread_group>(n, std::move(devices));
   std::mutex mu;
   std::vector<std::exception_ptr> failed(static_cast<std::size_t>(n));
