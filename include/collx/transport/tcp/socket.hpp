@@ -202,10 +202,12 @@ enum class io { ok, timeout, closed, failed };
 /// Connects to `to` before `deadline`, retrying while nothing listens there yet (the peer may
 /// start later). Returns a non-blocking socket, or an empty fd on timeout; `last` says why.
 inline fd connect_until(const address& to, clock::time_point deadline, std::string& last) {
+  std::string before;  // why the tries so far failed
   for (;;) {
     fd s(::socket(to.family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     if (!s) sys_fail("tcp: socket");
     int rc = ::connect(s.get(), to.sa(), to.len);
+    bool cut = false;  // the deadline came while this try was under way
     if (rc != 0 && errno == EINPROGRESS) {
       pollfd p{s.get(), POLLOUT, 0};
       while (clock::now() < deadline) {
@@ -214,7 +216,7 @@ inline fd connect_until(const address& to, clock::time_point deadline, std::stri
       }
       int err = 0;
       socklen_t el = sizeof err;
-      if (p.revents == 0) err = ETIMEDOUT;
+      if (p.revents == 0) err = ETIMEDOUT, cut = true;
       else getsockopt(s.get(), SOL_SOCKET, SO_ERROR, &err, &el);
       rc = err == 0 ? 0 : -1;
       errno = err;
@@ -223,7 +225,15 @@ inline fd connect_until(const address& to, clock::time_point deadline, std::stri
       set_nodelay(s.get());
       return s;
     }
+    // (Even on loopback a refused non-blocking connect says EINPROGRESS first: the try the
+    // deadline cuts short says "timed out" where every try before it was refused, i.e. nothing
+    // listened there all along. That reason is the one to report.)
+    if (cut && !before.empty()) {
+      last = before + " on every try until the deadline";
+      return fd{};
+    }
     last = std::strerror(errno);
+    before = last;
     if (clock::now() >= deadline) return fd{};
     ::usleep(10'000);  // refused: the peer is not listening yet
   }
