@@ -497,3 +497,31 @@ TEST_CASE("launch_processes: a rank stuck outside collx after another failed is 
   CHECK(got == "");
   CHECK(std::chrono::steady_clock::now() - t0 < 20s);
 }
+
+TEST_CASE("launch_processes: a rank stopped after every other rank ended is killed and named, not waited for",
+          "[shm][faults]") {
+  // The chaos run (shm) hung once so: 3 ranks, the victim stopped (SIGSTOP) once its peers had
+  // finished every call; no rank failed, so no grace began, and the launcher waited for the
+  // stopped rank for ever. Now it is killed a grace (min(timeout, 10 s) + 1 s) after the others
+  // ended, and the job's error names it. (A rank stopped while others still run is found by their
+  // deadlines, as before.)
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string got = in_child([]() -> std::string {
+    collx::options o;
+    o.timeout = 1s;
+    try {
+      collx::launch_processes(3, [](auto& comm) {
+        collx::barrier(comm);
+        if (comm.rank() == 2) ::raise(SIGSTOP);
+      }, o);
+    } catch (const collx::error& e) {
+      const std::string w = e.what();
+      if (w.find("rank 2 was stopped by signal") == std::string::npos) return "not named: " + w;
+      if (w.find("after every other rank had ended") == std::string::npos) return "not said why: " + w;
+      return {};
+    }
+    return "no error";
+  }, 30s);
+  CHECK(got == "");
+  CHECK(std::chrono::steady_clock::now() - t0 < 15s);
+}

@@ -7,7 +7,8 @@
 // Meant for tests, examples and benchmarks; a real job is started by its launcher (mpirun,
 // srun, torchrun) and uses shm::from_env() or tcp::from_env().
 // Once a rank has failed, the others get min(options::timeout, 10 s) + 1 s to report; a rank still
-// running then is killed and named. Call it from a process with one thread running (or one
+// running then is killed and named; so is a rank stopped by a signal (SIGSTOP, SIGTSTP) that is
+// still stopped that long after every other rank has ended. Call it from a process with one thread running (or one
 // launcher at a time): a child of fork() has only the forking thread, and a lock another thread
 // held at that moment (the allocator's under ASan, whose runtime takes none around fork) is held
 // in the child for ever.
@@ -137,7 +138,17 @@ void launch_processes_with(int n, const std::string& job, Make&& make, F&& f, co
   // still running after min(opts.timeout, 10 s) + 1 s is stuck outside collx (user code, or a lock
   // its fork inherited held) and is killed, as mpirun and torchrun end a job one of whose ranks
   // failed. Without that a hung rank hung the launcher too.
-  struct child_state { std::string msg; bool eof = false, reaped = false; int status = 0; };
+  // A rank stopped by a signal (SIGSTOP, SIGTSTP: alive, never to end unless continued) while
+  // every other rank has ended fails no peer and so starts no grace: it gets the grace from
+  // the moment the last other rank ended (or it stopped, if later), then is killed and named.
+  // (The chaos run hung so: the victim stopped once its peers had finished every call.)
+  struct child_state {
+    std::string msg;
+    bool eof = false, reaped = false, ended = false;  // ended: waited for, not yet reaped here
+    int status = 0;
+    int stop_sig = 0;  // stopped by it now (0: running)
+    std::chrono::steady_clock::time_point stopped_at{};
+  };
   std::vector<child_state> kids(static_cast<std::size_t>(n));
   std::optional<std::chrono::steady_clock::time_point> kill_at;
   int first_failed = -1;
@@ -155,6 +166,7 @@ void launch_processes_with(int n, const std::string& job, Make&& make, F&& f, co
     }
   };
   for (int r = 0; r < n; ++r) fcntl(fds[std::size_t(r)], F_SETFL, fcntl(fds[std::size_t(r)], F_GETFL) | O_NONBLOCK);
+  std::chrono::steady_clock::time_point others_ended{};  // when all but the stopped ones had ended
   for (int left = n; left > 0;) {
     std::vector<pollfd> pfds;
     std::vector<int> who;
@@ -176,20 +188,47 @@ void launch_processes_with(int n, const std::string& job, Make&& make, F&& f, co
     if (::poll(pfds.data(), pfds.size(), wait_ms) > 0)
       for (std::size_t i = 0; i < pfds.size(); ++i)
         if (pfds[i].revents != 0) drain(who[i]);
-    const bool overdue = kill_at && std::chrono::steady_clock::now() >= *kill_at;
+    const auto now = std::chrono::steady_clock::now();
+    const bool overdue = kill_at && now >= *kill_at;
+    // Stopped ranks, and whether they are all that is left (then each is overdue a grace after
+    // both the others' end and its stop).
+    int running = 0;
     for (int r = 0; r < n; ++r) {
       auto& k = kids[std::size_t(r)];
       if (k.reaped) continue;
+      int st = 0;
       pid_t got = 0;
-      while ((got = waitpid(pids[std::size_t(r)], &k.status, WNOHANG)) < 0 && errno == EINTR) {}
-      if (got == 0 && overdue) {
+      while ((got = waitpid(pids[std::size_t(r)], &st, WNOHANG | WUNTRACED | WCONTINUED)) < 0 && errno == EINTR) {}
+      if (got == pids[std::size_t(r)] && WIFSTOPPED(st)) {
+        k.stop_sig = WSTOPSIG(st);
+        k.stopped_at = now;
+      } else if (got == pids[std::size_t(r)] && WIFCONTINUED(st)) {
+        k.stop_sig = 0;
+      } else if (got == pids[std::size_t(r)]) {  // it ended (reaped below)
+        k.status = st;
+        k.stop_sig = 0;
+        k.ended = true;
+      }
+      if (k.stop_sig == 0 && !k.ended) ++running;
+    }
+    if (running > 0) others_ended = {};
+    else if (others_ended == std::chrono::steady_clock::time_point{}) others_ended = now;
+    for (int r = 0; r < n; ++r) {
+      auto& k = kids[std::size_t(r)];
+      if (k.reaped) continue;
+      pid_t got = k.ended ? pids[std::size_t(r)] : 0;
+      const bool stuck = k.stop_sig > 0 && running == 0 && now >= std::max(others_ended, k.stopped_at) + grace;
+      if (got == 0 && (stuck || overdue)) {
         kill(pids[std::size_t(r)], SIGKILL);
         while (waitpid(pids[std::size_t(r)], &k.status, 0) < 0 && errno == EINTR) {}
         drain(r);
+        const std::string ms = std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(grace).count());
+        const std::string was = k.stop_sig > 0 ? "was stopped by signal " + std::to_string(k.stop_sig) + " (" + strsignal(k.stop_sig) + ") and still stopped "
+                                               : std::string("was still running ");
         if (k.msg.empty())
-          k.msg = std::to_string(int(errc::peer_lost)) + "\nrank " + std::to_string(r) + " was still running " +
-                  std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(grace).count()) +
-                  " ms after rank " + std::to_string(first_failed) + " failed, and was killed";
+          k.msg = std::to_string(int(errc::peer_lost)) + "\nrank " + std::to_string(r) + " " + was + ms + " ms after " +
+                  (stuck && !overdue ? std::string("every other rank had ended") : "rank " + std::to_string(first_failed) + " failed") +
+                  ", and was killed";
         got = pids[std::size_t(r)];
       }
       if (got == 0) continue;
