@@ -525,3 +525,34 @@ TEST_CASE("launch_processes: a rank stopped after every other rank ended is kill
   CHECK(got == "");
   CHECK(std::chrono::steady_clock::now() - t0 < 15s);
 }
+
+TEST_CASE("launch_processes: a job whose every rank is stopped (a debugger, a checkpoint) is waited for, and ends when continued",
+          "[shm][faults]") {
+  // The rule above kills a rank left stopped after others ended; a job stopped whole, no rank
+  // ended, is stopped on purpose and must not be killed. Both ranks stop after a barrier; a
+  // helper process continues them 4 s later (twice the launcher's grace), and the job ends well.
+  const std::string got = in_child([]() -> std::string {
+    std::fflush(nullptr);
+    const pid_t waker = ::fork();
+    if (waker == 0) {
+      ::usleep(4'000'000);
+      ::kill(0, SIGCONT);  // in_child's process group: the launcher's and its ranks'
+      ::_exit(0);
+    }
+    collx::options o;
+    o.timeout = 1s;
+    std::string out;
+    try {
+      collx::launch_processes(2, [](auto& comm) {
+        collx::barrier(comm);
+        ::raise(SIGSTOP);
+        collx::barrier(comm);
+      }, o);
+    } catch (const collx::error& e) {
+      out = std::string("failed: ") + e.what();
+    }
+    ::waitpid(waker, nullptr, 0);
+    return out;
+  }, 30s);
+  CHECK(got == "");
+}

@@ -622,3 +622,49 @@ TEST_CASE("over tcp: a split's member gone before the split's connections is nam
   CHECK_THAT(what, Contains("Connection refused"));
   CHECK_THAT(what, !Contains("timed out"));
 }
+
+TEST_CASE("over tcp: a split's member that dies before the split's connections fails its peers at once, not at the deadline",
+          "[tcp][faults]") {
+  // The chaos run (tcp, 180 s, after af9f747): job rank 2 killed 2 ms in, during the split; its
+  // split's rank 0 waited for its hello until the rendezvous deadline (1 s there), joined the
+  // survivors' shrink after theirs had ended, and was left out. A member's connection in the
+  // communicator split from says at once that its process is gone (here: a socket pair's other
+  // end, closed), whether this rank waits for its hello or to connect to it.
+  for (const bool below : {false, true}) {
+    int sp[2];
+    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) == 0);
+    net::fd mine_end(sp[0]);
+    ::close(sp[1]);  // the member's process is gone
+    std::string dead;
+    {
+      auto [l, at] = net::listen_on(net::resolve("127.0.0.1", 0));
+      dead = at.str();
+    }
+    auto [mine, at] = net::listen_on(net::resolve("127.0.0.1", 0));
+    // below: this rank is the split's rank 1 and must connect to rank 0 (gone, its listener too);
+    // else it is rank 0 and waits for rank 1's hello.
+    const int me = below ? 1 : 0, other = 1 - me;
+    std::vector<std::string> where(2);
+    where[std::size_t(me)] = at.str();
+    where[std::size_t(other)] = dead;
+    std::vector<int> watch(2, -1);
+    watch[std::size_t(other)] = mine_end.get();
+    collx::transport::tcp_detail::rendezvous r("watched.s1c0", me, 2, collx::transport::tcp_config{}, net::fd{});
+    std::string what;
+    int code = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      r.run_split(std::move(mine), where, "a-token", false, net::clock::now() + 10s, below ? std::vector<int>{4, 7} : std::vector<int>{7, 4},
+                  watch);
+    } catch (const collx::error& e) {
+      what = e.what();
+      code = e.code().value();
+    }
+    const auto took = std::chrono::steady_clock::now() - t0;
+    INFO(what);
+    CHECK(code == int(collx::errc::peer_lost));
+    CHECK_THAT(what, Contains("rank " + std::to_string(other) + " (rank 4 of the communicator split from) is gone"));
+    CHECK_THAT(what, Contains(below ? "waited to connect to it" : "waited for its connection"));
+    CHECK(took < 3s);  // (the deadline: 10 s)
+  }
+}

@@ -192,7 +192,7 @@ void launch_processes_with(int n, const std::string& job, Make&& make, F&& f, co
     const bool overdue = kill_at && now >= *kill_at;
     // Stopped ranks, and whether they are all that is left (then each is overdue a grace after
     // both the others' end and its stop).
-    int running = 0;
+    int running = 0, stopped = 0, ended = n - left;
     for (int r = 0; r < n; ++r) {
       auto& k = kids[std::size_t(r)];
       if (k.reaped) continue;
@@ -208,16 +208,23 @@ void launch_processes_with(int n, const std::string& job, Make&& make, F&& f, co
         k.status = st;
         k.stop_sig = 0;
         k.ended = true;
+      } else if (got < 0) {  // ECHILD: reaped by someone else (SIGCHLD ignored): its pipe says how it ended
+        k.stop_sig = 0;
+        k.ended = true;
       }
       if (k.stop_sig == 0 && !k.ended) ++running;
+      stopped += k.stop_sig > 0;
+      if (k.ended) ++ended;
     }
-    if (running > 0) others_ended = {};
+    // (Every rank stopped, none ended, is a job stopped on purpose: a debugger, a checkpoint.)
+    if (running > 0 || ended == 0) others_ended = {};
     else if (others_ended == std::chrono::steady_clock::time_point{}) others_ended = now;
     for (int r = 0; r < n; ++r) {
       auto& k = kids[std::size_t(r)];
       if (k.reaped) continue;
       pid_t got = k.ended ? pids[std::size_t(r)] : 0;
-      const bool stuck = k.stop_sig > 0 && running == 0 && now >= std::max(others_ended, k.stopped_at) + grace;
+      const bool stuck = k.stop_sig > 0 && others_ended != std::chrono::steady_clock::time_point{} &&
+                         now >= std::max(others_ended, k.stopped_at) + grace;
       if (got == 0 && (stuck || overdue)) {
         kill(pids[std::size_t(r)], SIGKILL);
         while (waitpid(pids[std::size_t(r)], &k.status, 0) < 0 && errno == EINTR) {}
@@ -227,7 +234,7 @@ void launch_processes_with(int n, const std::string& job, Make&& make, F&& f, co
                                                : std::string("was still running ");
         if (k.msg.empty())
           k.msg = std::to_string(int(errc::peer_lost)) + "\nrank " + std::to_string(r) + " " + was + ms + " ms after " +
-                  (stuck && !overdue ? std::string("every other rank had ended") : "rank " + std::to_string(first_failed) + " failed") +
+                  (stuck && !overdue ? std::string(stopped > 1 ? "every rank not stopped had ended" : "every other rank had ended") : "rank " + std::to_string(first_failed) + " failed") +
                   ", and was killed";
         got = pids[std::size_t(r)];
       }

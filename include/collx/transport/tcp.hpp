@@ -93,7 +93,10 @@ class tcp {
       for (int q = 0; q < p.size; ++q) where[std::size_t(q)] = std::string(p.offers[std::size_t(q)].data(), strnlen(p.offers[std::size_t(q)].data(), split_offer::kBlob));
       net::fd listener = std::move(*std::static_pointer_cast<net::fd>(o.keep));
       tcp_detail::rendezvous r(t.job_, p.rank, p.size, cfg_, net::fd{});
-      r.run_split(std::move(listener), where, token_, crowded_, net::clock::now() + cfg_.rendezvous_timeout, p.members);
+      std::vector<int> watch(std::size_t(p.size), -1);  // this rank's connections to the members here
+      for (int q = 0; q < p.size; ++q)
+        if (q != p.rank) watch[std::size_t(q)] = net_.socket_of(p.members[std::size_t(q)]);
+      r.run_split(std::move(listener), where, token_, crowded_, net::clock::now() + cfg_.rendezvous_timeout, p.members, std::move(watch));
       t.listener_ = std::move(r.listener());
       t.net_ = tcp_detail::streams(std::move(r.peers()), crowded_);
       early = std::move(r.early());

@@ -253,9 +253,14 @@ class rendezvous {
   /// A communicator split from a connected one (split_plan.hpp): no store, the members'
   /// addresses came in the split's all_gather, and `listener` is the socket this rank offered.
   /// `parent`: the members' ranks in the communicator split from (messages name both).
+  /// `watch`: this rank's connection to each member in the communicator split from (-1: none):
+  /// a member whose connection there hangs up while this rank waits to connect to it or for its
+  /// hello is gone (its process died), and the split fails at once naming it, not at the
+  /// deadline (its peers then fail late, and miss the survivors' shrink).
   void run_split(net::fd listener, const std::vector<std::string>& where, const std::string& token, bool crowded,
-                 net::clock::time_point deadline, std::vector<int> parent = {}) {
+                 net::clock::time_point deadline, std::vector<int> parent = {}, std::vector<int> watch = {}) {
     parent_ = std::move(parent);
+    watch_ = std::move(watch);
     token_ = token;
     crowded_ = crowded;
     peers_.clear();
@@ -280,6 +285,12 @@ class rendezvous {
     return s;
   }
   std::string who(int q) const { return "rank " + tag(q); }
+  /// The connection to split member q in the communicator split from (-1: none).
+  int watched(int q) const { return q >= 0 && std::size_t(q) < watch_.size() ? watch_[std::size_t(q)] : -1; }
+  [[noreturn]] void member_gone(int q, const char* waiting) const {
+    throw error(errc::peer_lost, "tcp: rendezvous of job \"" + job_ + "\": " + who(q) + " is gone while " + who(rank_) + " waited " + waiting +
+                                     ": its connection in the communicator split from closed (the process died, or failed and left)");
+  }
 
   /// config::socket_buffer_bytes on every connection.
   void size_buffers() {
@@ -305,7 +316,9 @@ class rendezvous {
     std::vector<outgoing> outs;
     for (int q = 0; q < rank_; ++q) {
       std::string why;
-      net::fd s = net::connect_until(addr[std::size_t(q)], deadline, why);
+      bool gone = false;
+      net::fd s = net::connect_until(addr[std::size_t(q)], deadline, why, watched(q), &gone);
+      if (gone) member_gone(q, "to connect to it");
       if (!s)
         throw error(errc::timeout, "tcp: rendezvous of job \"" + job_ + "\": " + who(rank_) + " could not connect to " + who(q) + " at " + addr[std::size_t(q)].str() + ": " + why);
       tcp_wire::hello h;
@@ -330,7 +343,7 @@ class rendezvous {
         std::string silent;
         for (const outgoing& o : outs)
           if (!o.done) silent += (silent.empty() ? "" : ", ") + tag(o.peer);
-        throw error(errc::timeout, "tcp: rendezvous of job \"" + job_ + "\" timed out at rank " + std::to_string(rank_) +
+        throw error(errc::timeout, "tcp: rendezvous of job \"" + job_ + "\" timed out at " + who(rank_) +
                                        (missing.empty() ? "" : ": no admitted connection from rank(s) " + missing) +
                                        (silent.empty() ? "" : ": no answer to its hello from rank(s) " + silent));
       }
@@ -342,7 +355,13 @@ class rendezvous {
         any_short = any_short || in.short_word;
       }
       for (const outgoing& o : outs) pf.push_back({peers_[std::size_t(o.peer)].s.get(), short(o.done ? 0 : POLLIN), 0});
+      const std::size_t watch_at = pf.size();
+      for (int q = rank_ + 1; q < n_; ++q)  // members yet to connect: their connections in the communicator split from
+        pf.push_back({peers_[std::size_t(q)].s ? -1 : watched(q), POLLRDHUP, 0});
       ::poll(pf.data(), pf.size(), any_short ? std::min(10, net::ms_until(deadline)) : net::ms_until(deadline));
+      for (int q = rank_ + 1; q < n_; ++q)
+        if ((pf[watch_at + std::size_t(q - rank_ - 1)].revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0 && !peers_[std::size_t(q)].s)
+          member_gone(q, "for its connection");
       if (pf[0].revents & POLLIN)
         for (;;) {
           net::address a;
@@ -404,13 +423,13 @@ class rendezvous {
         const ssize_t k = ::recv(p.s.get(), reinterpret_cast<char*>(&o.v) + o.got, sizeof o.v - o.got, MSG_DONTWAIT);
         if (k > 0) o.got += std::size_t(k);
         else if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
-          throw error(errc::peer_lost, "tcp: rendezvous: " + who(o.peer) + " at " + p.where + " closed the connection before admitting rank " +
-                                           std::to_string(rank_));
+          throw error(errc::peer_lost, "tcp: rendezvous: " + who(o.peer) + " at " + p.where + " closed the connection before admitting " +
+                                           who(rank_));
         if (o.got < sizeof o.v) continue;
         const auto code = tcp_wire::parse_verdict(std::span<const std::byte, sizeof o.v>(reinterpret_cast<const std::byte*>(&o.v), sizeof o.v));
-        if (!code) throw error(errc::transport_error, "tcp: rendezvous: garbage instead of a verdict from " + p.where + " (rank " + std::to_string(o.peer) + ")");
+        if (!code) throw error(errc::transport_error, "tcp: rendezvous: garbage instead of a verdict from " + p.where + " (" + who(o.peer) + ")");
         if (*code != tcp_wire::verdict_code::admitted)
-          throw error(errc::invalid_argument, "tcp: rank " + std::to_string(o.peer) + " at " + p.where + " refused rank " + std::to_string(rank_) +
+          throw error(errc::invalid_argument, "tcp: " + who(o.peer) + " at " + p.where + " refused " + who(rank_) +
                                                   ": " + tcp_wire::describe(*code) + " (do both ranks run the same job with the same COLLX_JOB_TOKEN?)");
         o.done = true;
         ++verdicts;
@@ -440,6 +459,7 @@ class rendezvous {
   bool crowded_ = false;
   std::string token_;
   std::vector<int> parent_;  // of a split: the members' ranks in the communicator split from
+  std::vector<int> watch_;   // of a split: this rank's connections to them there (-1: none)
 };
 
 }  // namespace collx::transport::tcp_detail

@@ -199,11 +199,25 @@ inline int ms_until(clock::time_point deadline) {
 
 enum class io { ok, timeout, closed, failed };
 
+/// Whether the peer of connected socket `f` has hung up (closed or reset: its process died, or
+/// it closed the connection), without reading anything there.
+inline bool hung_up(int f) {
+  pollfd p{f, POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
 /// Connects to `to` before `deadline`, retrying while nothing listens there yet (the peer may
 /// start later). Returns a non-blocking socket, or an empty fd on timeout; `last` says why.
-inline fd connect_until(const address& to, clock::time_point deadline, std::string& last) {
+/// `watch`: a connection to the same peer elsewhere (-1: none); once it hangs up, the peer is
+/// gone and no try is made any more: an empty fd, `*gone` set.
+inline fd connect_until(const address& to, clock::time_point deadline, std::string& last, int watch = -1, bool* gone = nullptr) {
   std::string before;  // why the tries so far failed
   for (;;) {
+    if (watch >= 0 && hung_up(watch)) {
+      if (gone != nullptr) *gone = true;
+      last = before.empty() ? "its other connection closed" : before;
+      return fd{};
+    }
     fd s(::socket(to.family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     if (!s) sys_fail("tcp: socket");
     int rc = ::connect(s.get(), to.sa(), to.len);
@@ -227,9 +241,10 @@ inline fd connect_until(const address& to, clock::time_point deadline, std::stri
     }
     // (Even on loopback a refused non-blocking connect says EINPROGRESS first: the try the
     // deadline cuts short says "timed out" where every try before it was refused, i.e. nothing
-    // listened there all along. That reason is the one to report.)
+    // listened there all along. That reason is the one to report, as what the tries that
+    // ended said: the last one may have been cut short for another reason.)
     if (cut && !before.empty()) {
-      last = before + " on every try until the deadline";
+      last = before + " (every try that ended before the deadline)";
       return fd{};
     }
     last = std::strerror(errno);
