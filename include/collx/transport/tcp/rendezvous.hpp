@@ -360,7 +360,7 @@ class rendezvous {
         pf.push_back({peers_[std::size_t(q)].s ? -1 : watched(q), POLLRDHUP, 0});
       ::poll(pf.data(), pf.size(), any_short ? std::min(10, net::ms_until(deadline)) : net::ms_until(deadline));
       for (int q = rank_ + 1; q < n_; ++q)
-        if ((pf[watch_at + std::size_t(q - rank_ - 1)].revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0 && !peers_[std::size_t(q)].s)
+        if ((pf[watch_at + std::size_t(q - rank_ - 1)].revents & net::kHangUp) != 0 && !peers_[std::size_t(q)].s)
           member_gone(q, "for its connection");
       if (pf[0].revents & POLLIN)
         for (;;) {

@@ -199,11 +199,14 @@ inline int ms_until(clock::time_point deadline) {
 
 enum class io { ok, timeout, closed, failed };
 
-/// Whether the peer of connected socket `f` has hung up (closed or reset: its process died, or
-/// it closed the connection), without reading anything there.
+/// poll's events that say a connection's peer has hung up (closed or reset: its process died,
+/// or it closed the connection); asked for with POLLRDHUP alone, nothing is read.
+inline constexpr short kHangUp = POLLRDHUP | POLLHUP | POLLERR;
+
+/// Whether the peer of connected socket `f` has hung up, without reading anything there.
 inline bool hung_up(int f) {
   pollfd p{f, POLLRDHUP, 0};
-  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+  return ::poll(&p, 1, 0) > 0 && (p.revents & kHangUp) != 0;
 }
 
 /// Connects to `to` before `deadline`, retrying while nothing listens there yet (the peer may
