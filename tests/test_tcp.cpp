@@ -630,11 +630,26 @@ TEST_CASE("over tcp: a split's member that dies before the split's connections f
   // survivors' shrink after theirs had ended, and was left out. A member's connection in the
   // communicator split from says at once that its process is gone (here: a socket pair's other
   // end, closed), whether this rank waits for its hello or to connect to it.
+  //
+  // And a member that failed, rather than died, is named with its reason: the abort frame it
+  // sent on that connection before it closed. CI's chaos run (tcp, stop 31): job rank 4 killed
+  // 4 ms in; rank 3 failed in the split's exchange of addresses for want of it, and left; its
+  // split's other member, job rank 1, said only that rank 3 was gone, and no error named rank 4.
+  for (const bool failed : {false, true})
   for (const bool below : {false, true}) {
     int sp[2];
     REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) == 0);
     net::fd mine_end(sp[0]);
-    ::close(sp[1]);  // the member's process is gone
+    const std::string reason = "lost rank 9 of the job: its connection closed";
+    if (failed) {
+      collx::transport::tcp_wire::msg_header h;
+      h.kind = std::uint32_t(collx::transport::tcp_wire::msg_kind::abort);
+      h.bytes = reason.size();
+      std::string frame(reinterpret_cast<const char*>(&h), sizeof h);
+      frame += reason;
+      REQUIRE(::write(sp[1], frame.data(), frame.size()) == ssize_t(frame.size()));
+    }
+    ::close(sp[1]);  // the member's process is gone, or it failed and left
     std::string dead;
     {
       auto [l, at] = net::listen_on(net::resolve("127.0.0.1", 0));
@@ -665,6 +680,59 @@ TEST_CASE("over tcp: a split's member that dies before the split's connections f
     CHECK(code == int(collx::errc::peer_lost));
     CHECK_THAT(what, Contains("rank " + std::to_string(other) + " (rank 4 of the communicator split from) is gone"));
     CHECK_THAT(what, Contains(below ? "waited to connect to it" : "waited for its connection"));
+    if (failed) CHECK_THAT(what, Contains("is gone while") && Contains(": it failed: " + reason));
+    else CHECK_THAT(what, Contains("the process died"));
     CHECK(took < 3s);  // (the deadline: 10 s)
+  }
+}
+
+TEST_CASE("over tcp: a split's member that fails and closes its connection before admitting this rank is named with its reason",
+          "[tcp][faults]") {
+  // The cascade the chaos run (tcp) found: a member of a split failed for want of a killed rank
+  // and closed the connection a peer had just made to it; the peer's error said only that this
+  // member "closed the connection before admitting" it. The member's reason comes on its
+  // connection in the communicator split from: at once (its failure there aborted that
+  // communicator), a moment later (it revokes that communicator in a shrink), or never.
+  const std::string reason = "lost rank 9 of the job: its connection closed";
+  for (const int late_ms : {0, 60, -1}) {
+    int sp[2];
+    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) == 0);
+    net::fd mine_end(sp[0]), member_end(sp[1]);
+    auto lm = net::listen_on(net::resolve("127.0.0.1", 0));
+    const net::fd& member = lm.first;
+    const std::string member_at = lm.second.str();
+    auto [mine, at] = net::listen_on(net::resolve("127.0.0.1", 0));
+    // The split's rank 0 (rank 4 of the communicator split from): takes this rank's connection
+    // and its hello, closes it, and says why in the communicator split from (late_ms -1: not).
+    std::thread m([&, late_ms] {
+      pollfd p{member.get(), POLLIN, 0};
+      if (::poll(&p, 1, 5000) != 1) return;
+      net::fd c(::accept(member.get(), nullptr, nullptr));
+      collx::transport::tcp_wire::hello h;
+      (void)net::read_exact(c.get(), &h, sizeof h, net::clock::now() + 5s);
+      c.reset();
+      if (late_ms < 0) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(late_ms));
+      collx::transport::tcp_wire::msg_header a;
+      a.kind = std::uint32_t(collx::transport::tcp_wire::msg_kind::abort);
+      a.bytes = reason.size();
+      std::string frame(reinterpret_cast<const char*>(&a), sizeof a);
+      frame += reason;
+      (void)!::write(member_end.get(), frame.data(), frame.size());
+      member_end.reset();
+    });
+    collx::transport::tcp_detail::rendezvous r("failed.s1c0", 1, 2, collx::transport::tcp_config{}, net::fd{});
+    std::string what;
+    try {
+      r.run_split(std::move(mine), {member_at, at.str()}, "a-token", false, net::clock::now() + 10s, {4, 7},
+                  {mine_end.get(), -1});
+    } catch (const collx::error& e) {
+      what = e.what();
+    }
+    m.join();
+    INFO(what);
+    CHECK_THAT(what, Contains("rank 0 (rank 4 of the communicator split from)") && Contains("closed the connection"));
+    if (late_ms >= 0) CHECK_THAT(what, Contains(": it failed: " + reason));
+    else CHECK_THAT(what, !Contains("it failed"));
   }
 }

@@ -287,9 +287,31 @@ class rendezvous {
   std::string who(int q) const { return "rank " + tag(q); }
   /// The connection to split member q in the communicator split from (-1: none).
   int watched(int q) const { return q >= 0 && std::size_t(q) < watch_.size() ? watch_[std::size_t(q)] : -1; }
+  /// A member that failed (rather than died) said why on that connection before it closed: its
+  /// reason names the rank whose loss made it fail (chaos, tcp: a member that failed in the
+  /// split's exchange of addresses, once a rank of the other part was killed).
   [[noreturn]] void member_gone(int q, const char* waiting) const {
+    const std::string failed = member_failure(q, std::chrono::milliseconds(0));
     throw error(errc::peer_lost, "tcp: rendezvous of job \"" + job_ + "\": " + who(q) + " is gone while " + who(rank_) + " waited " + waiting +
-                                     ": its connection in the communicator split from closed (the process died, or failed and left)");
+                                     (!failed.empty() ? failed
+                                                      : std::string(": its connection in the communicator split from closed (the process died, or failed and left)")));
+  }
+  /// ": it failed: <its reason>" when split member q said why it failed on its connection in
+  /// the communicator split from, looked for there for up to `wait` (a member that fails in the
+  /// split closes its connections here first, and says why there when it revokes that
+  /// communicator, in a shrink); empty when it did not, or when that connection hung up
+  /// without a reason.
+  std::string member_failure(int q, std::chrono::milliseconds wait) const {
+    const int f = watched(q);
+    if (f < 0) return {};
+    const auto until = net::clock::now() + wait;
+    for (;;) {
+      if (const auto r = tcp_wire::peek_abort(f)) return ": it failed: " + *r;
+      // An abort frame comes before the hang-up: after it, nothing more will.
+      if (net::hung_up(f) || net::clock::now() >= until) return {};
+      pollfd p{f, POLLRDHUP, 0};  // woken by the hang-up; the frame's bytes, looked at every 10 ms
+      ::poll(&p, 1, std::clamp(net::ms_until(until), 1, 10));
+    }
   }
 
   /// config::socket_buffer_bytes on every connection.
@@ -326,7 +348,8 @@ class rendezvous {
       h.size = std::uint32_t(n_);
       std::memcpy(h.token, tok.data(), tok.size());
       if (net::write_all(s.get(), &h, sizeof h, deadline) != net::io::ok)
-        throw error(errc::peer_lost, "tcp: rendezvous: " + who(q) + " at " + addr[std::size_t(q)].str() + " closed the connection");
+        throw error(errc::peer_lost, "tcp: rendezvous: " + who(q) + " at " + addr[std::size_t(q)].str() + " closed the connection" +
+                                         member_failure(q, kFailureWait));
       peers_[std::size_t(q)].s = std::move(s);
       outs.push_back(outgoing{q, 0, {}, false});
     }
@@ -424,7 +447,7 @@ class rendezvous {
         if (k > 0) o.got += std::size_t(k);
         else if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
           throw error(errc::peer_lost, "tcp: rendezvous: " + who(o.peer) + " at " + p.where + " closed the connection before admitting " +
-                                           who(rank_));
+                                           who(rank_) + member_failure(o.peer, kFailureWait));
         if (o.got < sizeof o.v) continue;
         const auto code = tcp_wire::parse_verdict(std::span<const std::byte, sizeof o.v>(reinterpret_cast<const std::byte*>(&o.v), sizeof o.v));
         if (!code) throw error(errc::transport_error, "tcp: rendezvous: garbage instead of a verdict from " + p.where + " (" + who(o.peer) + ")");
@@ -442,6 +465,9 @@ class rendezvous {
     for (incoming& in : ins)
       if (in.s && in.got == 0 && early_.size() < max_early()) early_.push_back(std::move(in.s));
   }
+  /// How long a member that closed its connection here is given to say why on its connection
+  /// in the communicator split from (member_failure).
+  static constexpr std::chrono::milliseconds kFailureWait{200};
   /// As many as the communicator's listener sets aside (tcp/positions.hpp, max_parked).
   std::size_t max_early() const noexcept { return std::size_t(4 * n_ + 16); }
 

@@ -632,9 +632,7 @@ class streams {
     std::string why(reason_bytes, '\0');  // bounded by parse_header (kMaxAbortReason)
     const auto r = net::read_exact(peers_[std::size_t(q)].s.get(), why.data(), why.size(), net::clock::now() + std::chrono::seconds(1));
     if (r != net::io::ok) why = "(reason lost)";
-    for (char& c : why)
-      if (static_cast<unsigned char>(c) < 32 && c != '\n') c = '?';
-    lost(q, call, "it failed: " + why);
+    lost(q, call, "it failed: " + tcp_wire::printable_reason(std::move(why)));
   }
 
   std::vector<peer> peers_;

@@ -30,6 +30,8 @@
 //            hello: magic "CXK1", version, rank, size, epoch, 0, job hash, token[64] (96 bytes),
 //            answered by a verdict; then on the survivors' connections, rounds of
 //            view:  magic "CXW1", epoch, round, n, n bytes (1: rank alive), where[112]
+#include <sys/socket.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -308,6 +310,26 @@ inline std::optional<parsed_header> parse_header(std::span<const std::byte, size
   p.sig.policy[sizeof p.sig.policy - 1] = 0;
   p.sig.op[sizeof p.sig.op - 1] = 0;
   return p;
+}
+
+/// An abort frame's reason as messages show it: control characters but newlines become '?'.
+inline std::string printable_reason(std::string why) {
+  for (char& c : why)
+    if (static_cast<unsigned char>(c) < 32 && c != '\n') c = '?';
+  return why;
+}
+
+/// The reason of an abort frame at the head of connected socket `f`, looked at without taking
+/// anything from it (MSG_PEEK): a peer that failed said why before it closed. nullopt when the
+/// stream starts with anything else, or the frame has not all come.
+inline std::optional<std::string> peek_abort(int f) {
+  std::byte b[sizeof(msg_header) + kMaxAbortReason];
+  const ssize_t r = ::recv(f, b, sizeof b, MSG_PEEK | MSG_DONTWAIT);
+  if (r < ssize_t(sizeof(msg_header))) return std::nullopt;
+  std::string why;
+  const auto h = parse_header(std::span<const std::byte, sizeof(msg_header)>(b, sizeof(msg_header)), why);
+  if (!h || h->kind != msg_kind::abort || std::size_t(r) < sizeof(msg_header) + h->bytes) return std::nullopt;
+  return printable_reason(std::string(reinterpret_cast<const char*>(b) + sizeof(msg_header), std::size_t(h->bytes)));
 }
 
 // ---- store protocol ---------------------------------------------------------------------------
