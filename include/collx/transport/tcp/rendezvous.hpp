@@ -307,8 +307,13 @@ class rendezvous {
     const auto until = net::clock::now() + wait;
     for (;;) {
       if (const auto r = tcp_wire::peek_abort(f)) return ": it failed: " + *r;
-      // An abort frame comes before the hang-up: after it, nothing more will.
-      if (net::hung_up(f) || net::clock::now() >= until) return {};
+      // An abort frame comes before the hang-up: once that is seen, one more look is the last
+      // (the frame and the hang-up may both have come since the look above).
+      if (net::hung_up(f)) {
+        const auto r = tcp_wire::peek_abort(f);
+        return r ? ": it failed: " + *r : std::string();
+      }
+      if (net::clock::now() >= until) return {};
       pollfd p{f, POLLRDHUP, 0};  // woken by the hang-up; the frame's bytes, looked at every 10 ms
       ::poll(&p, 1, std::clamp(net::ms_until(until), 1, 10));
     }
