@@ -1,6 +1,10 @@
 // Errors instead of hangs: timeouts, mismatched calls, bad arguments, failed peers.
 #include <catch2/catch.hpp>
 
+#include <pthread.h>
+#include <sched.h>
+
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <limits>
@@ -50,6 +54,48 @@ TEST_CASE("a rank that never arrives makes the others time out, naming it", "[er
   CHECK(e.code() == collx::errc::timeout);
   CHECK_THAT(e.what(), Contains("all_reduce #1 (ring): rank") && Contains("timed out after 0.3 s waiting for rank"));
   CHECK(took < 5s);
+}
+
+TEST_CASE("a wait's deadline runs from when it starts to block, through its yields", "[errors][timeout]") {
+  // A waiter whose core is shared with a busy thread: each yield hands the core over for the
+  // busy thread's time slice (milliseconds), and 64 yields ran before the deadline was taken,
+  // so a short timeout reported late (CI's ASan run at d30cee6: a 300 ms timeout that came after
+  // the 600 ms the peer took to leave, and named its leaving instead). Both threads are pinned
+  // to one core; the waiter's timeout is 40 ms.
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(sched_getcpu() >= 0 ? sched_getcpu() : 0, &one);
+  std::atomic<bool> stop{false};
+  std::thread busy([&] {
+    pthread_setaffinity_np(pthread_self(), sizeof one, &one);
+    while (!stop.load(std::memory_order_relaxed)) {
+    }
+  });
+  cpu_set_t before;
+  pthread_getaffinity_np(pthread_self(), sizeof before, &before);
+  pthread_setaffinity_np(pthread_self(), sizeof one, &one);
+  std::this_thread::sleep_for(20ms);  // the busy thread runs
+  // What the wait's yields cost here: without the fix, they came on top of the timeout.
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < collx::detail::kYieldIterations; ++i) sched_yield();
+  const auto yields = std::chrono::steady_clock::now() - t0;
+  collx::detail::waitable w;
+  t0 = std::chrono::steady_clock::now();
+  const auto r = collx::detail::wait_on(w, [] { return false; }, [] {}, 40ms, false, 8);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  stop = true;
+  busy.join();
+  pthread_setaffinity_np(pthread_self(), sizeof before, &before);
+  CHECK(r == collx::detail::wait_result::timed_out);
+  using ms = std::chrono::milliseconds;
+  INFO("the wait took " << std::chrono::duration_cast<ms>(took).count() << " ms; 64 yields alone "
+                        << std::chrono::duration_cast<ms>(yields).count() << " ms");
+  CHECK(took >= 40ms);
+  if (yields < 20ms) {
+    WARN("the yields were quick here (the busy thread did not keep the core): the late deadline cannot show");
+  } else {
+    CHECK(took < 40ms + yields / 2);  // (without the fix: 40 ms + the yields, ~130 ms here)
+  }
 }
 
 TEST_CASE("a timeout message names the rank waited for, which launchers read back", "[errors][timeout]") {

@@ -126,11 +126,16 @@ wait_result wait_on(waitable& w, Done done, Check check, std::chrono::nanosecond
   }
   if (done()) return wait_result::ready;
   blocked();
+  // The deadline runs from here, through the yields: a yield that hands the core to a busy
+  // process returns after that process's time slice (milliseconds), so 64 of them can outlast a
+  // short timeout (CI's ASan run at d30cee6: a 300 ms timeout that reported after 600 ms, when
+  // the peer had left, not that it was waited for).
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (int i = 0; i < kYieldIterations; ++i) {
     if (done()) return wait_result::ready;
     sched_yield();
+    if ((i & 3) == 3 && std::chrono::steady_clock::now() >= deadline) break;
   }
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
     const std::uint32_t v = w.word.load(std::memory_order_seq_cst);
     if (done()) return wait_result::ready;
