@@ -623,6 +623,16 @@ TEST_CASE("over tcp: a split's member gone before the split's connections is nam
   CHECK_THAT(what, !Contains("timed out"));
 }
 
+namespace {
+/// What a rank that fails sends its peers before it closes: an abort frame with its reason.
+std::string abort_frame(const std::string& reason) {
+  collx::transport::tcp_wire::msg_header h;
+  h.kind = std::uint32_t(collx::transport::tcp_wire::msg_kind::abort);
+  h.bytes = reason.size();
+  return std::string(reinterpret_cast<const char*>(&h), sizeof h) + reason;
+}
+}  // namespace
+
 TEST_CASE("over tcp: a split's member that dies before the split's connections fails its peers at once, not at the deadline",
           "[tcp][faults]") {
   // The chaos run (tcp, 180 s, after af9f747): job rank 2 killed 2 ms in, during the split; its
@@ -642,11 +652,7 @@ TEST_CASE("over tcp: a split's member that dies before the split's connections f
     net::fd mine_end(sp[0]);
     const std::string reason = "lost rank 9 of the job: its connection closed";
     if (failed) {
-      collx::transport::tcp_wire::msg_header h;
-      h.kind = std::uint32_t(collx::transport::tcp_wire::msg_kind::abort);
-      h.bytes = reason.size();
-      std::string frame(reinterpret_cast<const char*>(&h), sizeof h);
-      frame += reason;
+      const std::string frame = abort_frame(reason);
       REQUIRE(::write(sp[1], frame.data(), frame.size()) == ssize_t(frame.size()));
     }
     ::close(sp[1]);  // the member's process is gone, or it failed and left
@@ -713,11 +719,7 @@ TEST_CASE("over tcp: a split's member that fails and closes its connection befor
       c.reset();
       if (late_ms < 0) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(late_ms));
-      collx::transport::tcp_wire::msg_header a;
-      a.kind = std::uint32_t(collx::transport::tcp_wire::msg_kind::abort);
-      a.bytes = reason.size();
-      std::string frame(reinterpret_cast<const char*>(&a), sizeof a);
-      frame += reason;
+      const std::string frame = abort_frame(reason);
       (void)!::write(member_end.get(), frame.data(), frame.size());
       member_end.reset();
     });

@@ -306,14 +306,9 @@ class rendezvous {
     if (f < 0) return {};
     const auto until = net::clock::now() + wait;
     for (;;) {
+      const bool up = net::hung_up(f);  // first: an abort frame comes before the hang-up
       if (const auto r = tcp_wire::peek_abort(f)) return ": it failed: " + *r;
-      // An abort frame comes before the hang-up: once that is seen, one more look is the last
-      // (the frame and the hang-up may both have come since the look above).
-      if (net::hung_up(f)) {
-        const auto r = tcp_wire::peek_abort(f);
-        return r ? ": it failed: " + *r : std::string();
-      }
-      if (net::clock::now() >= until) return {};
+      if (up || net::clock::now() >= until) return {};
       pollfd p{f, POLLRDHUP, 0};  // woken by the hang-up; the frame's bytes, looked at every 10 ms
       ::poll(&p, 1, std::clamp(net::ms_until(until), 1, 10));
     }

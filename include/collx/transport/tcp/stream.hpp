@@ -608,13 +608,11 @@ class streams {
     for (std::size_t q = 0; q < peers_.size(); ++q) {
       peer& p = peers_[q];
       if (!p.s || p.hoff != 0 || p.have || p.mid_recv) continue;
+      const auto reason_bytes = tcp_wire::abort_at_head(p.s.get());
+      if (!reason_bytes) continue;
       tcp_wire::msg_header h;
-      const ssize_t r = ::recv(p.s.get(), &h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
-      if (r != ssize_t(sizeof h) || h.magic != tcp_wire::kMsgMagic || h.kind != std::uint32_t(tcp_wire::msg_kind::abort) ||
-          h.bytes > tcp_wire::kMaxAbortReason)
-        continue;
       (void)!::recv(p.s.get(), &h, sizeof h, MSG_DONTWAIT);
-      aborted(int(q), call, std::size_t(h.bytes));
+      aborted(int(q), call, *reason_bytes);
     }
   }
 

@@ -319,17 +319,26 @@ inline std::string printable_reason(std::string why) {
   return why;
 }
 
-/// The reason of an abort frame at the head of connected socket `f`, looked at without taking
-/// anything from it (MSG_PEEK): a peer that failed said why before it closed. nullopt when the
-/// stream starts with anything else, or the frame has not all come.
+/// The length of the reason of an abort frame whose header is at the head of connected socket
+/// `f`, looked at without taking anything from it (MSG_PEEK): a peer that failed said why
+/// before it closed. nullopt when the stream starts with anything else, or less than a header
+/// has come.
+inline std::optional<std::size_t> abort_at_head(int f) {
+  msg_header h;
+  if (::recv(f, &h, sizeof h, MSG_PEEK | MSG_DONTWAIT) != ssize_t(sizeof h) || h.magic != kMsgMagic ||
+      h.kind != std::uint32_t(msg_kind::abort) || h.bytes > kMaxAbortReason)
+    return std::nullopt;
+  return std::size_t(h.bytes);
+}
+
+/// The reason of an abort frame at the head of connected socket `f`, taking nothing from it;
+/// nullopt as abort_at_head, or when the reason has not all come.
 inline std::optional<std::string> peek_abort(int f) {
+  const auto n = abort_at_head(f);
+  if (!n) return std::nullopt;
   std::byte b[sizeof(msg_header) + kMaxAbortReason];
-  const ssize_t r = ::recv(f, b, sizeof b, MSG_PEEK | MSG_DONTWAIT);
-  if (r < ssize_t(sizeof(msg_header))) return std::nullopt;
-  std::string why;
-  const auto h = parse_header(std::span<const std::byte, sizeof(msg_header)>(b, sizeof(msg_header)), why);
-  if (!h || h->kind != msg_kind::abort || std::size_t(r) < sizeof(msg_header) + h->bytes) return std::nullopt;
-  return printable_reason(std::string(reinterpret_cast<const char*>(b) + sizeof(msg_header), std::size_t(h->bytes)));
+  if (::recv(f, b, sizeof(msg_header) + *n, MSG_PEEK | MSG_DONTWAIT) != ssize_t(sizeof(msg_header) + *n)) return std::nullopt;
+  return printable_reason(std::string(reinterpret_cast<const char*>(b) + sizeof(msg_header), *n));
 }
 
 // ---- store protocol ---------------------------------------------------------------------------
