@@ -9,8 +9,9 @@
 #                   then ThreadSanitizer (the threaded-transport subset), then the libFuzzer
 #                   targets (tcp's wire format and rendezvous store) for a bounded time each,
 #                   then the torch backend (python/collx_torch): its build, its own tests in real
-#                   processes, DDP over torchrun against gloo, and PyTorch's DistributedTest at
-#                   world sizes 2 and 3 (the tests of the recorded full run; ranks forked)
+#                   processes (torch's own components against gloo among them), DDP over
+#                   torchrun against gloo, and PyTorch's DistributedTest at world sizes 2 and 3
+#                   (the tests of the recorded full run; ranks forked)
 #   ./run.sh torch-tests [WORLD_SIZE...]   PyTorch's own DistributedTest suite against the
 #                   collx backend, every test, ranks spawned as PyTorch's CI does, recording
 #                   what ran (default: world sizes 2 and 3; ~30 min each on 2 cores)
@@ -53,11 +54,11 @@ build_torch() {
 
 torch_backend_tests() {
   build_torch
-  stage "the torch backend: every collective, dtype and op against torch's arithmetic; groups; faults"
+  stage "the torch backend: every collective, dtype and op against torch's arithmetic; groups; faults; the GIL; torch's own components against gloo"
   /usr/bin/python3 python/tests/test_collx_torch.py
-  stage "the torch backend: DDP under torchrun, gloo and collx, same data: losses step by step"
-  /usr/bin/python3 python/examples/compare_ddp.py --np 2 4 --model mlp exact --steps 8 --quiet
-  /usr/bin/python3 python/examples/compare_ddp.py --np 2 --model mlp --steps 8 --zero --quiet
+  # (2 and 3 ranks, ZeroRedundancyOptimizer included, run in test_collx_torch's components case)
+  stage "the torch backend: DDP under torchrun at 4 ranks, gloo and collx, same data: losses step by step"
+  /usr/bin/python3 python/examples/compare_ddp.py --np 4 --model mlp exact --steps 8 --quiet
   # PyTorch's own suite: the tests that ran in the full run recorded in torch_tests_record.json
   # (./run.sh torch-tests runs all of them and rewrites it); the others are listed with the
   # reasons torch gave.

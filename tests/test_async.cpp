@@ -11,6 +11,8 @@
 #include <cstdio>
 #include <filesystem>
 
+#include <atomic>
+#include <mutex>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -206,6 +208,226 @@ TEST_CASE("destroying a work that was not waited for waits for its call", "[asyn
           if (a[0] != 3) note("assigning over a work did not wait for it");
           w.wait();
           if (b[0] != 6) note("wrong second result");
+        }) == "");
+}
+
+TEST_CASE("continuations: each runs once its call has completed, in issue order, with the call's error or none", "[async][then]") {
+  auto body = [](auto& comm, auto note) {
+    const int n = comm.size();
+    constexpr int kCalls = 12;
+    std::atomic<int> busy{0};
+    collx::work last;
+    for (int round = 0; round < 15; ++round) {
+      std::vector<std::vector<int>> bufs;
+      for (int i = 0; i < kCalls; ++i) bufs.emplace_back(std::size_t(1 + 97 * i), comm.rank() + i);
+      std::vector<int> order;  // written by continuations only: one at a time, in the calls' order
+      std::vector<collx::work> ws;
+      for (int i = 0; i < kCalls; ++i) {
+        ws.push_back(collx::async::all_reduce(comm, std::span{bufs[std::size_t(i)]}, collx::ops::sum{}));
+        ws.back().then([&, i](std::exception_ptr e) {
+          // (one thread may settle a call it ran while another runs the next: their continuations
+          // must still run one at a time; a first version let them overlap, waits in order over tcp)
+          if (busy.fetch_add(1) != 0) note("two continuations ran at once");
+          std::this_thread::yield();
+          busy.fetch_sub(1);
+          if (e) note("a continuation got an error");
+          // the call's result is in place when its continuation runs
+          const int want = n * (n - 1) / 2 + n * i;
+          const auto& b = bufs[std::size_t(i)];
+          if (b.front() != want || b.back() != want) note("call " + std::to_string(i) + "'s continuation ran before its result was in place");
+          order.push_back(i);
+        });
+      }
+      for (auto& w : ws) w.wait();
+      std::vector<int> want(kCalls);
+      std::iota(want.begin(), want.end(), 0);
+      if (order != want) note("continuations ran out of order, or not once each");
+      last = std::move(ws.back());
+    }
+    // one added to a work that is done runs at once, on this thread
+    bool ran = false;
+    const auto me = std::this_thread::get_id();
+    last.then([&](std::exception_ptr) { ran = std::this_thread::get_id() == me; });
+    if (!ran) note("a continuation added to a done work did not run at once on the adding thread");
+    collx::work none;
+    none.then([&](std::exception_ptr e) { ran = e == nullptr; });
+    if (!ran) note("a default work's continuation did not run");
+  };
+  for (int n : {1, 2, 3, 5}) CHECK(run_checked<threads>(n, body) == "");
+  for (int rep = 0; rep < 3; ++rep) {
+    CHECK(run_checked<processes>(3, body) == "");
+    CHECK(run_checked<processes_tcp>(3, body) == "");
+  }
+}
+
+TEST_CASE("a continuation sees its call's error", "[async][then]") {
+  collx::options o;
+  o.timeout = 200ms;
+  failures f(2);
+  collx::launch_threads(
+      2,
+      [&](auto& comm) {
+        auto note = [&](const std::string& m) { f.note(comm.rank(), m); };
+        std::vector<int> v(10 + std::size_t(comm.rank()), 1);  // different counts: a mismatch
+        std::string seen;
+        auto w = collx::async::all_reduce(comm, std::span{v}, collx::ops::sum{});
+        w.then([&](std::exception_ptr e) {
+          try {
+            if (e) std::rethrow_exception(e);
+          } catch (const collx::error& x) {
+            seen = x.what();
+          }
+        });
+        try {
+          w.wait();
+          note("no error");
+        } catch (const collx::error&) {
+        }
+        if (seen.find("all_reduce") == std::string::npos) note("the continuation did not see the call's error: '" + seen + "'");
+      },
+      o);
+  CHECK(f.first() == "");
+}
+
+// A continuation that makes a call on its communicator (PowerSGD's callbacks all-reduce): that
+// call comes right after the call it continues, on every rank, whatever the timing. Here the
+// ranks' timing differs on purpose: rank r's call A completes before or after its continuation
+// is added, its main thread issues the next call C at once or after a while. If C could run
+// before the continuation's B on one rank and after it on another, B and C (of different counts)
+// would meet as a mismatch, or sum the wrong buffers.
+TEST_CASE("a call made from a continuation comes right after the call it continues, on every rank", "[async][then]") {
+  auto body = [](auto& comm, auto note) {
+    const int n = comm.size(), r = comm.rank();
+    for (int round = 0; round < 20; ++round) {
+      std::vector<int> a(64, 1), b(33, r), c(17, 2 * r);
+      const bool late = (r + round) % 2 == 1;
+      auto wa = collx::async::all_reduce(comm, std::span{a}, collx::ops::sum{});
+      if (late) std::this_thread::sleep_for(1ms);  // A may be done before the continuation is added
+      wa.then([&](std::exception_ptr e) {
+        if (!e) collx::all_reduce(comm, std::span{b}, collx::ops::sum{});  // B, a blocking call
+      });
+      if (!late) std::this_thread::sleep_for(1ms);
+      auto wc = collx::async::all_reduce(comm, std::span{c}, collx::ops::sum{});  // C
+      wc.wait();
+      wa.wait();
+      if (a[0] != n || b[0] != n * (n - 1) / 2 || b[32] != n * (n - 1) / 2 || c[0] != n * (n - 1) || c[16] != n * (n - 1))
+        note("round " + std::to_string(round) + ": wrong sums (the continuation's call met another)");
+    }
+  };
+  for (int n : {2, 3, 5}) CHECK(run_checked<threads>(n, body) == "");
+  CHECK(run_checked<processes>(3, body) == "");
+  CHECK(run_checked<processes_tcp>(3, body) == "");
+}
+
+// The call's captures and its continuations are the user's code: they may need a lock that the
+// thread making the next call holds (under torch: the GIL, which a tensor's last reference needs
+// to free its Python object). They run with no lock of collx's held: a capture's destructor
+// runs after the communicator's turn is let go, and a continuation stuck past the deadline
+// fails the calls after it with an error that says so, instead of holding them for ever.
+// (Before, both ran under the turn: the first case deadlocked and the second hung.)
+TEST_CASE("a call's captures and continuations run with no lock of collx's held", "[async][then]") {
+  collx::options o;
+  o.timeout = 500ms;
+  failures f(2);
+  SECTION("a capture's destructor takes a lock the thread making the next call holds") {
+    std::recursive_mutex held;  // (recursive: the rank's own thread may run the call, and drop it)
+    struct takes_lock {
+      std::recursive_mutex* m;
+      ~takes_lock() {
+        if (m != nullptr) std::lock_guard g(*m);
+      }
+    };
+    collx::launch_threads(
+        2,
+        [&](auto& comm) {
+          std::vector<int> v(1000, 1), u(10, 1);
+          if (comm.rank() == 1) {
+            std::this_thread::sleep_for(100ms);  // rank 0's progress thread waits in the call meanwhile
+            collx::all_reduce(comm, std::span{v}, collx::ops::sum{});
+            collx::all_reduce(comm, std::span{u}, collx::ops::sum{});
+            return;
+          }
+          std::unique_lock g(held);
+          auto cap = std::make_shared<takes_lock>(takes_lock{&held});
+          auto w = collx::async::run(comm, [&v, guard = std::move(cap)](auto& c) { collx::all_reduce(c, std::span{v}, collx::ops::sum{}); });
+          w.detach();
+          std::this_thread::sleep_for(20ms);
+          // The progress thread runs the call; its capture (made to take `held` as it goes)
+          // is dropped while this thread, holding `held`, makes the next call.
+          collx::all_reduce(comm, std::span{u}, collx::ops::sum{});
+          g.unlock();
+          if (v[0] != 2 || u[0] != 2) f.note(0, "wrong sums");
+        },
+        o);
+  }
+  SECTION("a continuation that does not return: the calls after it fail at the deadline, saying why") {
+    collx::launch_threads(
+        2,
+        [&](auto& comm) {
+          std::vector<int> v(10, 1);
+          if (comm.rank() == 1) {
+            collx::all_reduce(comm, std::span{v}, collx::ops::sum{});
+            try {
+              collx::all_reduce(comm, std::span{v}, collx::ops::sum{});  // rank 0 never comes
+              f.note(1, "the second call did not fail");
+            } catch (const collx::error&) {
+            }
+            return;
+          }
+          std::atomic<bool> go{false};
+          auto w = collx::async::all_reduce(comm, std::span{v}, collx::ops::sum{});
+          w.then([&](std::exception_ptr) {
+            while (!go.load()) std::this_thread::sleep_for(1ms);  // stuck, as a callback waiting for a GIL
+          });
+          std::this_thread::sleep_for(50ms);  // its continuation runs now (or on this thread at once)
+          std::string what;
+          const auto t0 = std::chrono::steady_clock::now();
+          try {
+            collx::all_reduce(comm, std::span{v}, collx::ops::sum{});
+          } catch (const collx::error& e) {
+            what = e.what();
+            if (e.code() != collx::errc::timeout) f.note(0, std::string("not a timeout: ") + e.what());
+          }
+          go = true;
+          w.wait();
+          if (std::chrono::steady_clock::now() - t0 > 5s) f.note(0, "the call waited past its deadline");
+          if (what.find("continuations of an earlier call") == std::string::npos || what.find("rank 0") == std::string::npos)
+            f.note(0, "the error does not say the calls wait for a continuation: " + what);
+        },
+        o);
+  }
+  CHECK(f.first() == "");
+}
+
+TEST_CASE("calls submitted from several threads all run, each once", "[async][then]") {
+  // One rank: every call is local, so their order across threads does not matter, only that
+  // none is lost or run twice while the queue takes them from four producers at once.
+  constexpr int kThreads = 4, kEach = 300;
+  std::atomic<int> ran{0};
+  collx::launch_threads(1, [&](auto& comm) {
+    std::vector<std::thread> ts;
+    for (int t = 0; t < kThreads; ++t)
+      ts.emplace_back([&] {
+        std::vector<collx::work> ws;
+        for (int i = 0; i < kEach; ++i) {
+          ws.push_back(collx::async::run(comm, [&](auto&) { ran.fetch_add(1); }));
+          if (i % 7 == 0) ws.back().wait();
+        }
+        for (auto& w : ws) w.wait();
+      });
+    for (auto& t : ts) t.join();
+  });
+  CHECK(ran.load() == kThreads * kEach);
+  // Several ranks, the calls issued from different threads in turn (the same order on every
+  // rank): as torch issues them from Python's thread and from futures' callbacks.
+  CHECK(run_checked<threads>(3, [](auto& comm, auto note) {
+          std::vector<std::vector<int>> bufs(40, std::vector<int>(7, 1));
+          std::vector<collx::work> ws(bufs.size());
+          for (std::size_t i = 0; i < bufs.size(); ++i)
+            std::thread([&, i] { ws[i] = collx::async::all_reduce(comm, std::span{bufs[i]}, collx::ops::sum{}); }).join();
+          for (auto& w : ws) w.wait();
+          for (const auto& b : bufs)
+            if (b[0] != comm.size()) note("wrong sum");
         }) == "");
 }
 

@@ -238,7 +238,16 @@ class communicator {
     std::vector<state*> all;
   };
   struct state {
-    state(T x, options o) : t(std::move(x)), opts(o), uncaught(std::uncaught_exceptions()) {}
+    state(T x, options o) : t(std::move(x)), opts(o), uncaught(std::uncaught_exceptions()) {
+      detail::queue_observer obs;
+      obs.ctx = this;
+      obs.where = [](void* c) {
+        const state& s = *static_cast<const state*>(c);
+        return (s.id.is_job() ? std::string("the job's communicator") : "communicator " + s.id.name) + ": " + s.id.rank_name(s.t.rank());
+      };
+      obs.in_continuation = [](void* c, bool in) noexcept { static_cast<state*>(c)->rec.in_user_code(in); };
+      queue.configure(opts.timeout, obs);
+    }
     ~state() {
       if (in) {
         std::lock_guard g(in->mu);

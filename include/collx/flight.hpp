@@ -163,6 +163,7 @@ class flight_recorder {
     std::lock_guard g(mu_);
     board_ = board;
     pos_ = board.base != nullptr && rank >= 0 && rank < board.n ? board.at(rank) : nullptr;
+    if (pos_ != nullptr) pos_->user.store(caller_language.load(std::memory_order_relaxed), std::memory_order_relaxed);
     dbg_ = dbg != nullptr && dbg->on(debug_level::warn) ? dbg : nullptr;
     if (cap() == 0 && dbg != nullptr && dbg->on(debug_level::trace)) cap_.store(1, std::memory_order_relaxed);  // TRACE prints the record's timings
     id_ = id;
@@ -199,6 +200,19 @@ class flight_recorder {
     pos_->else_waiting_job.store(peer < 0 ? -1 : (c.comm == nullptr ? peer : c.comm->job_rank(peer)), std::memory_order_relaxed);
     pos_->else_seq.store(seq, std::memory_order_relaxed);
   }
+  /// The continuations of a call of this communicator run now (in), or have returned: user
+  /// code, not collx (detail/call_queue.hpp). The position says so, for the peers' desync
+  /// report, and a dump meanwhile.
+  void in_user_code(bool in) noexcept {
+    const std::int64_t now = wall_ns();
+    user_since_.store(in ? now : 0, std::memory_order_relaxed);
+    if (pos_ == nullptr) return;
+    pos_->user_since_ns.store(in ? now : 0, std::memory_order_relaxed);
+    pos_->user.store((in ? position::kInCallback : 0) | caller_language.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    if (!in) pos_->alive_ns.store(now, std::memory_order_relaxed);  // back in collx: a sign of life
+  }
+  /// Since when this rank runs continuations of this communicator's calls (wall_ns), or 0.
+  std::int64_t user_since() const noexcept { return user_since_.load(std::memory_order_relaxed); }
   std::size_t capacity() const noexcept { return cap(); }
   /// The job rank of this communicator's own rank (any thread may ask: a dump does).
   int job_rank() const {
@@ -260,6 +274,7 @@ class flight_recorder {
         put(*r.pos, open_[d - 1].published, end);
       } else {
         r.pos->waiting_for.store(-1, std::memory_order_relaxed);
+        r.pos->alive_ns.store(end, std::memory_order_relaxed);  // when it left collx (the report's "not in collx for")
         r.pos->seq_state.store((o.published.seq_state & ~std::uint64_t(3)) | (failed ? position::kFailed : position::kDone),
                                std::memory_order_relaxed);
       }
@@ -333,6 +348,10 @@ class flight_recorder {
     o += ",\"rank\":" + std::to_string(rank_) + ",\"size\":" + std::to_string(size_) + ",\"job_ranks\":[";
     for (int r = 0; r < size_; ++r) o += (r ? "," : "") + std::to_string(id_ == nullptr ? r : id_->job_rank(r));
     o += "],\"calls_total\":" + std::to_string(next_) + ",\"capacity\":" + std::to_string(cap());
+    // Where this rank is now outside collx: in the continuations (callbacks) of a call's work
+    // since in_callback_since_ns (0: not), its calls from Python or not
+    o += ",\"in_callback_since_ns\":" + std::to_string(user_since_.load(std::memory_order_relaxed)) + ",\"caller\":\"" +
+         (caller_language.load(std::memory_order_relaxed) & position::kPython ? "Python" : "C++") + "\"";
     o += ",\"waits\":{\"calls\":" + std::to_string(cum_.calls) + ",\"busy_ns\":" + std::to_string(cum_.busy_ns) + ",\"waited_ns\":[";
     for (std::size_t p = 0; p < cum_.waited_ns.size(); ++p) o += (p ? "," : "") + std::to_string(cum_.waited_ns[p]);
     o += "],\"late_ns\":[";
@@ -489,6 +508,7 @@ class flight_recorder {
   int depth_ = 0;  // the runner's own
   wait_table cum_;
   const comm_identity* id_ = nullptr;
+  std::atomic<std::int64_t> user_since_{0};
   int rank_ = 0, size_ = 0;
   const char* transport_ = nullptr;
   bool dump_on_error_ = true;
@@ -612,6 +632,13 @@ wait_table waits(const Comm& comm) {
 template <class Comm>
 std::vector<flight_entry> records(const Comm& comm) {
   return comm.recorder().entries();
+}
+
+/// The language this process's collx calls come from, for the desync report: a peer that
+/// finds this rank outside collx says "in its own code (Python)", or "in the callbacks of ... 's
+/// work (Python)". The torch backend calls it with true as it loads.
+inline void set_caller_python(bool python) noexcept {
+  detail::caller_language.store(python ? detail::position::kPython : 0, std::memory_order_relaxed);
 }
 
 /// comm's record as one JSON object (as in a dump's "communicators").

@@ -104,7 +104,7 @@ class fused {
   /// again after, also when it fails.
   void run() {
     const auto items = take();
-    const detail::call_queue::turn turn(detail::queue_of(*comm_, "fused"));
+    const detail::call_queue::turn turn(detail::queue_of(*comm_, "fused"), "fused");
     for (auto& i : items) i->run(*comm_);
   }
 

@@ -279,6 +279,28 @@ struct call_info {
     for (const auto& [r, quiet] : silent)
       o += "; " + peer(r) + " shows no sign of life for " + detail::format_seconds(std::chrono::nanoseconds(quiet)) +
            " (stopped, or not given a core)";
+    // Ranks outside collx: in the callbacks of a call's work (a future's, under torch), or in
+    // their own code since their last call, for longer than a rank takes between two calls.
+    for (int r = 0; r < board.n; ++r) {
+      const detail::position& p = *board.at(r);
+      if (r == rank) continue;
+      const std::uint64_t ss = p.seq_state.load(std::memory_order_relaxed);
+      const std::int32_t wf = p.waiting_for.load(std::memory_order_relaxed);
+      if (wf == detail::position::kSilent || wf == detail::position::kGone) continue;
+      const std::uint32_t u = p.user.load(std::memory_order_relaxed);
+      const char* lang = u & detail::position::kPython ? "Python" : "its own code";
+      const std::int64_t since = p.user_since_ns.load(std::memory_order_relaxed);
+      const std::int64_t alive = p.alive_ns.load(std::memory_order_relaxed);
+      if ((u & detail::position::kInCallback) && since != 0) {
+        o += "; " + peer(r) + " is not in collx: in " + lang +
+             ", in the callbacks of its last call's work (continuations; a future's under torch) for " +
+             detail::format_seconds(std::chrono::nanoseconds(now - since));
+      } else if ((ss & 3) != detail::position::kIn && ss != 0 && alive != 0 &&
+                 now - alive > 4 * std::chrono::nanoseconds(detail::kSleepSlice).count()) {
+        o += "; " + peer(r) + " is not in collx: in " + lang + " for " + detail::format_seconds(std::chrono::nanoseconds(now - alive)) +
+             " (since its last call)";
+      }
+    }
     auto some = [&](const std::vector<int>& v) { return v.size() == 1 ? peer(v.front()) : "ranks " + detail::rank_ranges(v); };
     if (!mute.empty())
       o += "; " + some(mute) + (mute.size() == 1 ? " does" : " do") + " not answer (its process is stopped, or hung)";

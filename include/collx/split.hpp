@@ -43,7 +43,7 @@ communicator<T> communicator<T>::split(int color, int key, const std::string& na
                 },
                 "collx: this transport cannot split: it needs `split_offer prepare_split()` and "
                 "`T split(const split_plan&, split_offer&&)` (split_plan.hpp)");
-  const detail::call_queue::turn turn(detail::queue_of(*this, "split"));
+  const detail::call_queue::turn turn(detail::queue_of(*this, "split"), "split");
   split_offer offer = transport().prepare_split();
   detail::split_entry mine{std::int32_t(color), std::int32_t(key), offer.blob};
   // (all[rank] is this rank's entry: an all_gather in place, on any transport's memory)
@@ -108,7 +108,7 @@ communicator<T> communicator<T>::shrink(const std::string& name) {
                   { t.shrink(q, m) } -> std::same_as<T>;
                 },
                 "collx: this transport cannot shrink: it needs `T shrink(const shrink_request&, std::vector<int>&)` (split_plan.hpp)");
-  const detail::call_queue::turn turn(detail::queue_of(*this, "shrink"));
+  const detail::call_queue::turn turn(detail::queue_of(*this, "shrink"), "shrink");
   shrink_request q;
   q.epoch = ++s_->shrinks;
   q.id = (s_->id.is_job() ? std::string() : s_->uid + ".") + "k" + std::to_string(q.epoch);
@@ -153,7 +153,7 @@ template <class T>
 template <class Agree>
 communicator<T> communicator<T>::create_group(const std::vector<int>& members, const std::string& id, Agree&& agree,
                                               const std::string& name) {
-  const detail::call_queue::turn turn(detail::queue_of(*this, "create_group"));
+  const detail::call_queue::turn turn(detail::queue_of(*this, "create_group"), "create_group");
   const auto me = std::find(members.begin(), members.end(), rank());
   std::vector<int> seen(static_cast<std::size_t>(size()), 0);
   for (int m : members)

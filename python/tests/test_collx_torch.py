@@ -336,6 +336,120 @@ def job_killed(rank, n):
     raise AssertionError(f"rank {rank} trained 1000 steps with a dead peer")
 
 
+def job_gil(rank, n):
+    """Each path where the backend blocks, taken with the GIL held while an outstanding call's
+    future has a Python callback (which needs the GIL to run when the call completes). Rank 1
+    comes to each call 0.3 s late, so rank 0's is still running when it blocks. Each of these
+    deadlocked before the backend's waits let the GIL go (and before its works stopped waiting
+    when dropped); the job's deadline then fails the case."""
+    import threading
+    past_init()
+    ext = collx_torch._ext
+    seen = []
+
+    def outstanding(group=None):
+        if rank == 1:
+            time.sleep(0.3)
+        w = dist.all_reduce(torch.ones(100), group=group, async_op=True)
+        f = w.get_future().then(lambda f: seen.append(f.value()[0][0].item()))
+        if rank == 0:
+            time.sleep(0.1)  # its progress thread is in the call now (a waiter would run it itself)
+        return w, f
+
+    def promptly(what, t0):
+        # the job's deadline (20 s) would end a deadlock with an error; a path that took even a
+        # quarter of it waited for the GIL it held
+        took = time.monotonic() - t0
+        assert took < 5, f"{what} took {took:.1f} s: it waited for collx with the GIL held"
+
+    # a work dropped while its call runs (CollxWork's destructor, called by Python with the GIL)
+    w, f = outstanding()
+    t0 = time.monotonic()
+    del w
+    f.wait()
+    promptly("dropping a work", t0)
+    # wait() from C++ with the GIL held (DDP's reducer and other C++ callers of torch's Work)
+    w, f = outstanding()
+    t0 = time.monotonic()
+    ext._wait_holding_gil(w)
+    promptly("Work::wait from C++", t0)
+    assert w.is_completed() and f.done(), "wait() returned before the call's future was complete"
+    # is_completed() polled (GIL held) while another thread waits for the same work
+    w, f = outstanding()
+    errors = []
+
+    def wait_for_it():
+        try:
+            w.wait()
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    t0 = time.monotonic()
+    waiter = threading.Thread(target=wait_for_it)
+    waiter.start()
+    while not w.is_completed():
+        pass
+    waiter.join()
+    promptly("is_completed() while another thread waits", t0)
+    assert not errors, f"the waiting thread failed: {errors}"
+    # a process group dropped (its destructor, GIL held) with its call outstanding
+    g = dist.new_group(list(range(n)))
+    w, f = outstanding(g)
+    t0 = time.monotonic()
+    del w
+    dist.destroy_process_group(g)
+    del g
+    f.wait()
+    promptly("dropping a process group", t0)
+    assert seen == [float(n)] * 4, f"callbacks saw {seen}"
+
+
+def stuck_in_python(rank, where):
+    """Rank 1's Python holds the GIL for 3 s (a C call made through ctypes.PyDLL keeps it), longer
+    than the deadline (1 s): with a Python callback of its last call waiting in collx's
+    continuation for the GIL (where="callbacks"), or after a call it finished (where="own code").
+    Rank 0's next call times out, and its report must say where rank 1 is: in Python, not in
+    collx. Its flight record (dumped into COLLX_DUMP_DIR as the call fails) holds the message."""
+    import ctypes
+    import glob
+    past_init()
+    hold_gil = ctypes.PyDLL(None).usleep  # PyDLL: the GIL stays held through the call
+    t = torch.ones(10)
+    if rank == 1:
+        w = dist.all_reduce(t, async_op=True)
+        if where == "callbacks":
+            w.get_future().then(lambda f: None)  # attached while the call waits for rank 0
+        else:
+            w.wait()
+        hold_gil(3_000_000)
+        try:
+            w.wait()
+            dist.all_reduce(t)  # rank 0 gave up on this call: it fails
+        except RuntimeError:
+            pass
+        os._exit(0)
+    time.sleep(0.3)  # rank 1's call is outstanding, its callback attached, when this one comes
+    dist.all_reduce(t)
+    try:
+        dist.all_reduce(t)
+        raise AssertionError("rank 0's call did not time out")
+    except RuntimeError as e:
+        msg = str(e)
+    want = "rank 1 is not in collx: in Python" + (", in the callbacks of its last call's work" if where == "callbacks" else " for")
+    assert want in msg, f"rank 0's error does not say '{want}': {msg}"
+    dumps = " ".join(open(f).read() for f in glob.glob(os.path.join(os.environ["COLLX_DUMP_DIR"], "collx-rank0*.json")))
+    assert want in dumps, f"rank 0's flight record does not say it: {dumps[:2000]}"
+    os._exit(0)
+
+
+def job_stuck_in_callbacks(rank, n):
+    stuck_in_python(rank, "callbacks")
+
+
+def job_stuck_in_own_code(rank, n):
+    stuck_in_python(rank, "own code")
+
+
 # ---- running jobs -----------------------------------------------------------------------------
 
 def _rank_main(rank, n, job, init, timeout_s, env):
@@ -354,9 +468,10 @@ def collx_segments():
     return sorted(f for f in os.listdir("/dev/shm") if f.startswith("collx"))
 
 
-def run(job, n, init="env://", transport=None, timeout_s=60, expect_exit=None):
+def run(job, n, init="env://", transport=None, timeout_s=60, expect_exit=None, extra_env=None):
     """Runs job on n spawned ranks; every rank must exit 0 (or as expect_exit says, by rank)."""
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    env.update(extra_env or {})
     if transport:
         env["COLLX_TORCH_TRANSPORT"] = transport
     before = collx_segments()
@@ -436,6 +551,14 @@ def main():
                                                       me, "--as-rank", "job_async_and_groups"], 3)),
         ("under mpirun, 3 ranks", lambda: launched(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "3",
                                                     sys.executable, me, "--as-rank", "job_movers"], 3)),
+        ("every blocking path with the GIL held and a Python callback outstanding, over shm", lambda: run("job_gil", 2, timeout_s=20)),
+        ("every blocking path with the GIL held and a Python callback outstanding, over tcp",
+         lambda: run("job_gil", 3, transport="tcp", timeout_s=20)),
+        ("a rank stuck in Python in its callbacks: the desync report says so, over shm", lambda: run_stuck("callbacks", "shm")),
+        ("a rank stuck in Python in its callbacks: the desync report says so, over tcp", lambda: run_stuck("callbacks", "tcp")),
+        ("a rank stuck in its Python code: the desync report says so, over shm", lambda: run_stuck("own_code", "shm")),
+        ("a rank stuck in its Python code: the desync report says so, over tcp", lambda: run_stuck("own_code", "tcp")),
+        ("torch's own components against gloo, 2 and 3 ranks, over shm and tcp", components),
         ("a rank killed mid-training, over shm", lambda: run_killed("shm")),
         ("a rank killed mid-training, over tcp", lambda: run_killed("tcp")),
     ]
@@ -452,6 +575,21 @@ def main():
             print(f"FAILED  {name}\n{traceback.format_exc()}", flush=True)
     print(f"== {len(failed)} failed" + ("".join(f"\n  {x}" for x in failed) if failed else ""))
     return 1 if failed else 0
+
+
+def run_stuck(where, transport):
+    with tempfile.TemporaryDirectory() as d:
+        run(f"job_stuck_in_{where}", 2, transport=transport, timeout_s=30, extra_env={"COLLX_DUMP_DIR": d, "COLLX_TIMEOUT_S": "1"})
+
+
+def components():
+    """python/tests/torch_components.py: ZeroRedundancyOptimizer, the comm hooks, join(), static
+    and unused-parameter graphs, post-local SGD, object collectives, batch_isend_irecv and several
+    DDP models at once, each against gloo; every phase twice in one process group."""
+    import torch_components
+    bad = torch_components.scenario([2, 3], ["shm", "tcp"], torch_components.PHASES, 2, 20, quiet=True)
+    if bad:
+        raise AssertionError("\n".join(bad))
 
 
 def run_killed(transport):

@@ -25,7 +25,7 @@ template <class T, class E, class Algo = algo::automatic>
 void all_gather(communicator<T>& comm, std::span<const std::type_identity_t<E>> in, std::span<E> out, Algo a = {}) {
   static_assert(std::is_trivially_copyable_v<E>, "collx: element types must be trivially copyable");
   static_assert(check_policy<Algo>());
-  const detail::call_queue::turn turn(detail::queue_of(comm, "all_gather"));
+  const detail::call_queue::turn turn(detail::queue_of(comm, "all_gather"), "all_gather");
   auto call = detail::make_call<E, no_op>(comm, "all_gather", Algo::name, in.size());
   const auto n = std::size_t(comm.size());
   COLLX_REQUIRE(out.size() / n == in.size() && out.size() % n == 0, comm, call,

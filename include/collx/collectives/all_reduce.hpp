@@ -51,7 +51,7 @@ template <class T, class E, class Op, class Algo = algo::automatic>
 void all_reduce(communicator<T>& comm, std::span<const std::type_identity_t<E>> in, std::span<E> out, Op op,
                 Algo a = {}) {
   static_assert(detail::check_reducing<E, Op, Algo>());
-  const detail::call_queue::turn turn(detail::queue_of(comm, "all_reduce"));
+  const detail::call_queue::turn turn(detail::queue_of(comm, "all_reduce"), "all_reduce");
   auto call = detail::make_call<E, Op>(comm, "all_reduce", Algo::name, in.size());
   COLLX_REQUIRE(out.size() == in.size(), comm, call,
                   "the output has " + detail::n_elems(out.size()) + " but the input has " + std::to_string(in.size()));
@@ -64,7 +64,7 @@ template <class T, class E, class Op, class Algo = algo::automatic>
   requires(!detail::is_span_v<Op>)
 void all_reduce(communicator<T>& comm, std::span<E> buf, Op op, Algo a = {}) {
   static_assert(detail::check_reducing<E, Op, Algo>());
-  const detail::call_queue::turn turn(detail::queue_of(comm, "all_reduce"));
+  const detail::call_queue::turn turn(detail::queue_of(comm, "all_reduce"), "all_reduce");
   auto call = detail::make_call<E, Op>(comm, "all_reduce", Algo::name, buf.size());
   detail::all_reduce_impl<T, E>(comm, call, detail::flat_buffers<E>{buf.data(), buf.data()}, buf.size(), op, a);
 }

@@ -34,7 +34,7 @@ template <class T, class E, class Algo = algo::automatic>
 void all_to_all(communicator<T>& comm, std::span<const std::type_identity_t<E>> in, std::span<E> out, Algo = {}) {
   static_assert(std::is_trivially_copyable_v<E>, "collx: element types must be trivially copyable");
   static_assert(detail::check_a2a_policy<Algo>());
-  const detail::call_queue::turn turn(detail::queue_of(comm, "all_to_all"));
+  const detail::call_queue::turn turn(detail::queue_of(comm, "all_to_all"), "all_to_all");
   auto call = detail::make_call<E, no_op>(comm, "all_to_all", algo::pairwise::name, in.size());
   const auto n = std::size_t(comm.size());
   COLLX_REQUIRE(in.size() % n == 0, comm, call,
@@ -57,7 +57,7 @@ void all_to_all_v(communicator<T>& comm, std::span<const std::type_identity_t<E>
                   std::span<const std::size_t> send_counts, std::span<E> out,
                   std::span<const std::size_t> recv_counts) {
   static_assert(std::is_trivially_copyable_v<E>, "collx: element types must be trivially copyable");
-  const detail::call_queue::turn turn(detail::queue_of(comm, "all_to_all_v"));
+  const detail::call_queue::turn turn(detail::queue_of(comm, "all_to_all_v"), "all_to_all_v");
   auto call = detail::make_call<E, no_op>(comm, "all_to_all_v", algo::pairwise::name, 0);
   const auto n = std::size_t(comm.size());
   COLLX_REQUIRE(send_counts.size() == n && recv_counts.size() == n, comm, call,

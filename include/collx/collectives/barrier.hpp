@@ -9,7 +9,7 @@ namespace collx {
 
 template <class T>
 void barrier(communicator<T>& comm) {
-  const detail::call_queue::turn turn(detail::queue_of(comm, "barrier"));
+  const detail::call_queue::turn turn(detail::queue_of(comm, "barrier"), "barrier");
   auto call = detail::make_call<std::byte, no_op>(comm, "barrier", "dissemination", 0);
   const int n = comm.size(), r = comm.rank();
   schedule s;

@@ -8,7 +8,7 @@ template <class T, class E, class Algo = algo::automatic>
 void broadcast(communicator<T>& comm, std::span<E> buf, int root, Algo a = {}) {
   static_assert(std::is_trivially_copyable_v<E>, "collx: element types must be trivially copyable");
   static_assert(check_policy<Algo>());
-  const detail::call_queue::turn turn(detail::queue_of(comm, "broadcast"));
+  const detail::call_queue::turn turn(detail::queue_of(comm, "broadcast"), "broadcast");
   auto call = detail::make_call<E, no_op>(comm, "broadcast", Algo::name, buf.size(), root);
   COLLX_REQUIRE(root >= 0 && root < comm.size(), comm, call,
                   "root " + std::to_string(root) + " is out of range [0, " + std::to_string(comm.size()) + ")");

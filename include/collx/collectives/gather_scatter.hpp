@@ -19,7 +19,7 @@ void check_root(communicator<T>& comm, int root, const call_info& call) {
 template <class T, class E>
 void gather(communicator<T>& comm, std::span<const std::type_identity_t<E>> in, std::span<E> out, int root) {
   static_assert(std::is_trivially_copyable_v<E>, "collx: element types must be trivially copyable");
-  const detail::call_queue::turn turn(detail::queue_of(comm, "gather"));
+  const detail::call_queue::turn turn(detail::queue_of(comm, "gather"), "gather");
   auto call = detail::make_call<E, no_op>(comm, "gather", "direct", in.size(), root);
   detail::check_root(comm, root, call);
   const int n = comm.size(), r = comm.rank();
@@ -44,7 +44,7 @@ void gather(communicator<T>& comm, std::span<const std::type_identity_t<E>> in, 
 template <class T, class E>
 void scatter(communicator<T>& comm, std::span<const std::type_identity_t<E>> in, std::span<E> out, int root) {
   static_assert(std::is_trivially_copyable_v<E>, "collx: element types must be trivially copyable");
-  const detail::call_queue::turn turn(detail::queue_of(comm, "scatter"));
+  const detail::call_queue::turn turn(detail::queue_of(comm, "scatter"), "scatter");
   auto call = detail::make_call<E, no_op>(comm, "scatter", "direct", out.size(), root);
   detail::check_root(comm, root, call);
   const int n = comm.size(), r = comm.rank();

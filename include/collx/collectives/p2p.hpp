@@ -44,7 +44,7 @@ void check_peer(communicator<T>& comm, const call_info& c, int peer, const char*
 /// Sends `data` to rank `peer`; returns once `peer` has called the matching recv.
 template <class T, class E>
 void send(communicator<T>& comm, std::span<const E> data, int peer) {
-  const detail::call_queue::turn turn(detail::queue_of(comm, "send/recv"));
+  const detail::call_queue::turn turn(detail::queue_of(comm, "send/recv"), "send/recv");
   const call_info call = detail::p2p_call<E>(comm);
   detail::check_peer(comm, call, peer, "send");
   schedule s;
@@ -60,7 +60,7 @@ void send(communicator<T>& comm, std::span<E> data, int peer) {
 /// Receives `data.size()` elements from rank `peer`.
 template <class T, class E>
 void recv(communicator<T>& comm, std::span<E> data, int peer) {
-  const detail::call_queue::turn turn(detail::queue_of(comm, "send/recv"));
+  const detail::call_queue::turn turn(detail::queue_of(comm, "send/recv"), "send/recv");
   const call_info call = detail::p2p_call<E>(comm);
   detail::check_peer(comm, call, peer, "recv");
   schedule s;
@@ -77,7 +77,7 @@ template <class T, class E>
 int recv_any(communicator<T>& comm, std::span<E> data, std::span<const int> from = {}) {
   static_assert(requires(T& t, std::span<const int> p, const call_info& c) { t.probe(p, c); },
                 "collx: recv_any needs a transport that can receive from any source (a probe member: inproc, shm, tcp, any)");
-  const detail::call_queue::turn turn(detail::queue_of(comm, "send/recv"));
+  const detail::call_queue::turn turn(detail::queue_of(comm, "send/recv"), "send/recv");
   const call_info call = detail::p2p_call<E>(comm);
   std::vector<int> peers(from.begin(), from.end());
   if (peers.empty())
@@ -103,7 +103,7 @@ int recv_any(communicator<T>& comm, std::span<E> data, std::span<const int> from
 /// for one another). `dst` and `src` may be the same rank; `out` and `in` must not overlap.
 template <class T, class E>
 void sendrecv(communicator<T>& comm, std::span<const std::type_identity_t<E>> out, int dst, std::span<E> in, int src) {
-  const detail::call_queue::turn turn(detail::queue_of(comm, "send/recv"));
+  const detail::call_queue::turn turn(detail::queue_of(comm, "send/recv"), "send/recv");
   const call_info call = detail::p2p_call<E>(comm);
   detail::check_peer(comm, call, dst, "sendrecv");
   detail::check_peer(comm, call, src, "sendrecv");

@@ -9,7 +9,7 @@ template <class T, class E, class Op, class Algo = algo::automatic>
 void reduce(communicator<T>& comm, std::span<const std::type_identity_t<E>> in, std::span<E> out, Op op, int root,
             Algo a = {}) {
   static_assert(detail::check_reducing<E, Op, Algo>());
-  const detail::call_queue::turn turn(detail::queue_of(comm, "reduce"));
+  const detail::call_queue::turn turn(detail::queue_of(comm, "reduce"), "reduce");
   auto call = detail::make_call<E, Op>(comm, "reduce", Algo::name, in.size(), root);
   COLLX_REQUIRE(root >= 0 && root < comm.size(), comm, call,
                   "root " + std::to_string(root) + " is out of range [0, " + std::to_string(comm.size()) + ")");

@@ -31,7 +31,7 @@ template <class T, class E, class Op, class Algo = algo::automatic>
 void reduce_scatter(communicator<T>& comm, std::span<const std::type_identity_t<E>> in, std::span<E> out, Op op,
                     Algo a = {}) {
   static_assert(detail::check_reducing<E, Op, Algo>());
-  const detail::call_queue::turn turn(detail::queue_of(comm, "reduce_scatter"));
+  const detail::call_queue::turn turn(detail::queue_of(comm, "reduce_scatter"), "reduce_scatter");
   auto call = detail::make_call<E, Op>(comm, "reduce_scatter", Algo::name, out.size());
   const auto n = std::size_t(comm.size());
   COLLX_REQUIRE(in.size() / n == out.size() && in.size() % n == 0, comm, call,

@@ -1,5 +1,6 @@
 #pragma once
-// The order of a communicator's calls, and the thread that runs its nonblocking ones.
+// The order of a communicator's calls, the thread that runs its nonblocking ones, and where
+// their continuations run.
 //
 // Every call on a communicator, blocking or not, runs in the order it was issued: a blocking call
 // first runs whatever nonblocking calls are still queued before it, then itself, on the calling
@@ -8,6 +9,34 @@
 // (a futex) whenever the queue is empty, so nothing spins while no call is outstanding. One
 // thread at a time runs the communicator's calls (exec_), so the transport and the
 // communicator's state (sequence numbers, scratch, schedules) are never shared by two.
+//
+// Calls may be issued from any thread (the torch backend's come from Python's threads, from
+// autograd's and from the callbacks of futures): the queue is a list with many producers and
+// one consumer at a time (the holder of exec_), so it needs no lock: submitting is an allocation,
+// one atomic exchange and two atomic stores.
+//
+// Continuations (work::then) and the call's own captures are user code: a Python callback that
+// needs the GIL, a tensor whose last reference needs it to be freed. None of it runs under exec_:
+// a thread holding the GIL that waits for this communicator would otherwise wait for a thread
+// that waits for the GIL (the deadlock of issue 33). The thread that completed the call
+// releases exec_ and runs the continuations with the queue's gate closed: the next call does not
+// start until they have returned, and a call a continuation makes on this communicator runs at
+// once, on that thread. So a call made from a continuation comes right after the call it
+// continues, on every rank, however the ranks' timing differs (a future's callback that
+// all-reduces, as PowerSGD's do, while the main thread issues the next bucket's all-reduce: left
+// to the clock, the two could run in different orders on different ranks). Then the gate opens,
+// the call is done, its captures go, and the thread takes exec_ back; another thread may have
+// run the next call meanwhile, and closed the gate for that one's continuations: a thread that
+// takes exec_ back never runs calls through another's gate (run_queued stops there).
+// The gate is an order, not a lock: the progress thread and every wait of collx's wait for it
+// with no lock held, and a wait on it ends at the communicator's deadline with an error that
+// says the calls wait for a continuation (then an earlier call's callbacks, not collx, are where
+// this rank is stuck; the flight recorder's position says so too). A continuation must not wait
+// for a call issued after its own by another thread through anything but collx (a torch
+// future's wait()): that call cannot start before it returns. One that waits through collx
+// (work::wait) runs the calls queued up to it itself. A call run from inside another call's
+// body (an async::run body that makes or waits for calls) is nested in it: its continuations
+// run there, exec_ held, since the outer call is under way.
 //
 // Handing a call to a sleeping thread costs a wake-up (a futex syscall for the caller, ~28 us for
 // the thread on the development VMs), so neither is on the critical path:
@@ -19,23 +48,27 @@
 // - the thread runs as SCHED_BATCH, so waking it does not preempt the caller (on the same core
 //   when ranks are pinned), and it only tries to take its turn: while the caller runs calls it
 //   looks again later, instead of queueing on the mutex (the caller's unlock would be a syscall).
-//
-// The queue is a list with one producer (the thread issuing the communicator's calls: calls on
-// one communicator come from one thread at a time, as in MPI) and one consumer at a time (the
-// holder of exec_), so it needs no lock: submitting is an allocation and two atomic stores.
+// A call with no continuation whose captures are trivially destructible (every collx::async
+// call's: spans, ops, policies) opens no gate and never leaves exec_.
 #include <pthread.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <exception>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
+#include <vector>
 
+#include "../error.hpp"
 #include "../work.hpp"
 #include "flight_record.hpp"
 #include "wait.hpp"
@@ -43,12 +76,33 @@
 namespace collx::detail {
 
 class call_queue;
+class call_task;
 
-/// The queue whose calls this thread is running now (a call made from inside one runs at once).
+/// The queue whose calls this thread is running now, holding its exec_ (a call made from inside
+/// one runs at once).
 inline thread_local const call_queue* tl_running = nullptr;
+/// The queue whose call's continuations this thread runs now, holding its gate (a call made
+/// from inside one runs at once too), and that call.
+inline thread_local const call_queue* tl_settling = nullptr;
+inline thread_local const call_task* tl_settling_task = nullptr;
+/// The queued call this thread runs now (a continuation added to a finished call from inside
+/// it runs when it completes, not under exec_).
+inline thread_local call_task* tl_current_task = nullptr;
+/// The queue whose call's body this thread is in (a queued call's, or a blocking call's after
+/// its turn began): a call run from inside one is nested in it, and settles without letting
+/// exec_ go (the outer call is under way).
+inline thread_local const call_queue* tl_in_body = nullptr;
 /// When the nonblocking call this thread runs now was issued (wall clock; 0: a blocking call,
 /// issued as it starts): its flight record says so (flight.hpp).
 inline thread_local std::int64_t tl_issued_ns = 0;
+
+/// What a queue tells its communicator (set by communicator.hpp): where it is, for errors, and
+/// when continuations run, for the flight recorder's position.
+struct queue_observer {
+  void* ctx = nullptr;
+  std::string (*where)(void* ctx) = nullptr;                  // "communicator tp: rank 0 (job rank 2)"
+  void (*in_continuation)(void* ctx, bool in) noexcept = nullptr;
+};
 
 /// One call on the queue. The call itself is the derived class's (one allocation per call).
 class call_task : public work_state {
@@ -56,17 +110,30 @@ class call_task : public work_state {
   explicit call_task(call_queue* q) : q_(q), issued_ns_(wall_ns()) {}
   bool test() override { return (st_.load(std::memory_order_acquire) & kStateMask) == kDone; }
   void wait() override;
+  void then(continuation f) override;
 
  private:
+  /// Adds f to the call's continuations; false when they were taken for good (f is left).
+  bool add(continuation& f);
   friend class call_queue;
   virtual void invoke() = 0;
   virtual void release() noexcept = 0;  // the call's captures go as soon as it has run
+  virtual bool plain() const noexcept = 0;  // captures whose destruction runs no user code
   // The state, and a bit set by a thread that sleeps until it is done (notified only then).
-  static constexpr int kQueued = 0, kRunning = 1, kDone = 2, kStateMask = 3, kWaiter = 4;
+  // settling: it has run; its continuations run now (the queue's gate is closed).
+  static constexpr int kQueued = 0, kRunning = 1, kSettling = 2, kDone = 3, kStateMask = 3, kWaiter = 4;
   call_queue* q_;  // valid until done: a communicator finishes its queue before it goes
   std::int64_t issued_ns_;
   std::atomic<int> st_{kQueued};
   std::exception_ptr err_;
+  // Continuations: added by any thread, taken by the one settling the call. cont_: kHasConts
+  // once one was added (the call then settles outside exec_), kClosed once they were taken for
+  // good (one added later runs at once); the call that has none closes it with one
+  // compare-exchange, without the lock. The lock guards the list and is never held while one runs.
+  static constexpr int kHasConts = 1, kClosed = 2;
+  std::atomic<int> cont_{0};
+  std::mutex cont_mu_;
+  std::vector<continuation> conts_;
   // The queue's links: the next call, and the queue's own reference while it holds this one.
   std::atomic<call_task*> next_{nullptr};
   std::shared_ptr<call_task> self_;
@@ -80,40 +147,56 @@ class call_task_of final : public call_task {
  private:
   void invoke() override { (*f_)(); }
   void release() noexcept override { f_.reset(); }
+  bool plain() const noexcept override { return std::is_trivially_destructible_v<F>; }
   std::optional<F> f_;
 };
 
 class call_queue {
  public:
   call_queue() : stub_(std::make_shared<call_task_of<void (*)()>>(this, +[] {})) {
-    head_ = tail_ = stub_.get();
+    head_ = stub_.get();
+    tail_.store(stub_.get(), std::memory_order_relaxed);
   }
   call_queue(const call_queue&) = delete;
   call_queue& operator=(const call_queue&) = delete;
   ~call_queue() { shutdown(); }
 
+  /// How long a wait on the gate may take (the communicator's options::timeout), and who to
+  /// tell what. Set once, before the first call.
+  void configure(std::chrono::nanoseconds timeout, queue_observer obs) {
+    timeout_ = timeout;
+    obs_ = obs;
+  }
+
   /// A blocking call's turn: while it lives, this thread runs the communicator's calls, and
   /// every call queued before it has run. Inside a call already (a call made by a call), it is
-  /// nothing.
+  /// nothing; inside a continuation of this queue's, it takes exec_ and runs nothing queued (a
+  /// call made by a continuation comes right after the call it continues).
   class turn {
    public:
-    explicit turn(call_queue& q) : prev_(tl_running) {
+    explicit turn(call_queue& q, const char* what = "a call") : prev_(tl_running), prev_body_(tl_in_body) {
       if (tl_running == &q) return;
-      ex_ = std::unique_lock(q.exec_);
+      if (tl_settling == &q) ex_ = std::unique_lock(q.exec_);  // (a continuation's call: the gate is its own)
+      else ex_ = q.take_turn(what);                           // every call queued before this one has run
       tl_running = &q;
-      q.run_queued();
+      tl_in_body = &q;
     }
-    ~turn() { tl_running = prev_; }
+    ~turn() {
+      tl_running = prev_;
+      tl_in_body = prev_body_;
+    }
     turn(const turn&) = delete;
     turn& operator=(const turn&) = delete;
 
    private:
     const call_queue* prev_;
+    const call_queue* prev_body_;
     std::unique_lock<std::mutex> ex_;
   };
 
   /// Runs f() as this communicator's calls run (holding its turn) if no call of it runs on
-  /// another thread now; false, without running it, if one does.
+  /// another thread now; false, without running it, if one does. (A continuation may be
+  /// running: f is not a call, so the gate does not hold it back.)
   template <class F>
   bool run_if_idle(F&& f) {
     if (tl_running == this) {
@@ -132,9 +215,10 @@ class call_queue {
   static constexpr std::chrono::milliseconds kLinger{5};
 
   /// Queues f (a callable taking nothing) behind every call issued before it; the progress
-  /// thread runs it.
-  /// A call submitted from inside one of this communicator's calls runs at once, as a blocking
-  /// call made there does (the calls queued behind the running one come after it).
+  /// thread runs it. Any thread may submit.
+  /// A call submitted from inside one of this communicator's calls, or from a continuation of
+  /// one, runs at once, as a blocking call made there does (the calls queued behind the running
+  /// one come after it).
   template <class F>
   std::shared_ptr<call_task> submit(F f) {
     std::shared_ptr<call_task> t = std::make_shared<call_task_of<std::decay_t<F>>>(this, std::move(f));
@@ -142,12 +226,18 @@ class call_queue {
       run(*t);
       return t;
     }
+    if (tl_settling == this) {
+      std::unique_lock ex(exec_);
+      scope s(this);
+      run(*t);
+      return t;
+    }
     t->self_ = t;
-    tail_->next_.store(t.get(), std::memory_order_release);
-    tail_ = t.get();
-    pushed_.store(pushed_.load(std::memory_order_relaxed) + 1, std::memory_order_seq_cst);
-    if (!started_) {
-      started_ = true;
+    call_task* prev = tail_.exchange(t.get(), std::memory_order_acq_rel);
+    prev->next_.store(t.get(), std::memory_order_release);  // until here the consumer sees the list end at prev
+    pushed_.fetch_add(1, std::memory_order_seq_cst);
+    if (!started_.load(std::memory_order_acquire) && !started_.exchange(true, std::memory_order_acq_rel)) {
+      std::lock_guard g(start_mu_);
       worker_ = std::thread([this] { loop(); });
     } else if (asleep_.load(std::memory_order_seq_cst) && asleep_.exchange(false, std::memory_order_seq_cst)) {
       // One ring per sleep: until the thread runs (it may wait a while for a core), the calls
@@ -158,21 +248,35 @@ class call_queue {
     return t;
   }
 
-  /// Returns once t has run: runs it here (and the calls before it) when no thread has started
-  /// it yet, else waits for the progress thread.
+  /// Returns once t is done: runs it here (and the calls before it) when no thread has started
+  /// it yet, else waits for the thread that runs it.
   void wait_for(call_task& t) {
     if (t.test()) return;
-    if (tl_running == this || t.st_.load(std::memory_order_acquire) == call_task::kQueued) {
-      const auto ex = exec_lock();  // waits while the thread runs a call
+    if (&t == tl_settling_task) return;  // its own continuation: the call itself has completed
+    if (tl_running == this || tl_settling == this) {
+      // Inside a call or a continuation of this queue: this thread has the turn. The calls
+      // queued up to t run here, in order (nobody else may run them now).
+      const auto ex = tl_running == this ? std::unique_lock<std::mutex>() : std::unique_lock<std::mutex>(exec_);
       scope s(this);
-      run_queued(&t);  // under exec_ nobody else takes calls: t is queued still, or done
+      while (!t.test()) {
+        if (run_queued(&t) == ran::gap) std::this_thread::yield();  // a producer is linking its call in
+      }
+      return;
     }
-    // The thread runs it: sleep until it is done, saying so first.
+    // The calls up to t run here, unless a thread runs them now; a thread that runs one of them
+    // meanwhile, or settles it, may be left to run t.
+    if (t.st_.load(std::memory_order_acquire) == call_task::kQueued) (void)take_turn("wait", &t);
+    // Another thread runs it (or t is being linked in: the progress thread takes it then): sleep
+    // until it is done, saying so first. Only a closed gate has a deadline here: a call's own
+    // waits have theirs.
+    std::int64_t waiting = 0;
     for (int s = t.st_.load(std::memory_order_acquire); (s & call_task::kStateMask) != call_task::kDone;
          s = t.st_.load(std::memory_order_acquire)) {
       if (!(s & call_task::kWaiter) && !t.st_.compare_exchange_weak(s, s | call_task::kWaiter, std::memory_order_acq_rel))
         continue;
-      t.st_.wait(s | call_task::kWaiter, std::memory_order_acquire);
+      check_gate("wait", waiting);
+      futex_wait(reinterpret_cast<std::atomic<std::uint32_t>&>(t.st_), std::uint32_t(s | call_task::kWaiter), kSleepSlice,
+                 false);
     }
   }
 
@@ -181,31 +285,81 @@ class call_queue {
     stop_.store(true, std::memory_order_seq_cst);
     bell_.fetch_add(1, std::memory_order_seq_cst);
     futex_wake_all(bell_, false);
-    if (worker_.joinable() && worker_.get_id() != std::this_thread::get_id()) worker_.join();
+    {
+      std::lock_guard g(start_mu_);
+      if (worker_.joinable()) {
+        if (worker_.get_id() != std::this_thread::get_id()) worker_.join();
+        else worker_.detach();  // the last reference went in a continuation on it: it ends by itself
+      }
+    }
     // Without a thread (it could not start), or called from it: run the rest here.
-    const auto ex = exec_lock();
+    std::unique_lock<std::mutex> ex;
+    if (tl_running != this) ex = std::unique_lock(exec_);
     scope s(this);
-    run_queued();
+    while (pending()) {
+      if (run_queued() != ran::all) std::this_thread::yield();  // a producer links its call in, or a continuation runs
+    }
     if (head_ != stub_.get()) {  // the last call taken: the queue's reference goes
       head_->self_.reset();
-      head_ = tail_ = stub_.get();
+      head_ = stub_.get();
+      tail_.store(stub_.get(), std::memory_order_relaxed);
     }
   }
 
  private:
+  friend class call_task;
+
   struct scope {
     const call_queue* prev;
     explicit scope(const call_queue* q) : prev(tl_running) { tl_running = q; }
     ~scope() { tl_running = prev; }
   };
 
+  /// exec_, once the gate is open, with the calls queued up to `until` (every one, when null)
+  /// run here: taken by a thread that is to run calls (a blocking call's turn, a wait that runs
+  /// its own call). A closed gate is waited out with no lock held, until the deadline; so is one
+  /// that another thread closes while this one settles a call it ran (its exec_ let go).
+  std::unique_lock<std::mutex> take_turn(const char* what, call_task* until = nullptr) {
+    std::unique_lock ex(exec_);
+    std::int64_t waiting = 0;
+    for (;;) {
+      const std::uint32_t v = gate_word_.load(std::memory_order_seq_cst);
+      if (!gate_.load(std::memory_order_seq_cst)) {
+        scope s(this);
+        if (run_queued(until) != ran::gated) return ex;
+        continue;
+      }
+      ex.unlock();
+      check_gate(what, waiting);
+      gate_sleepers_.fetch_add(1, std::memory_order_seq_cst);
+      futex_wait(gate_word_, v, kSleepSlice, false);
+      gate_sleepers_.fetch_sub(1, std::memory_order_seq_cst);
+      ex.lock();
+    }
+  }
+
+  /// Throws when the gate has kept this waiter (waiting since `waiting`, wall_ns, 0: from now)
+  /// for longer than the deadline.
+  void check_gate(const char* what, std::int64_t& waiting) const {
+    if (!gate_.load(std::memory_order_seq_cst)) return;
+    const std::int64_t now = wall_ns();
+    if (waiting == 0) waiting = now;
+    const std::int64_t since = std::max(gate_since_.load(std::memory_order_relaxed), waiting);
+    if (now - since <= timeout_.count()) return;
+    char secs[32];
+    std::snprintf(secs, sizeof secs, "%.3g s", double(now - since) * 1e-9);
+    throw error(errc::timeout,
+                std::string(what) + (obs_.where ? " on " + obs_.where(obs_.ctx) : std::string()) + ": the continuations of an earlier call (callbacks on its work or future: user code, Python's under torch) have not returned after " +
+                    secs + ", and the calls after it wait for them (a continuation that waits for a later call by other means than collx never returns)");
+  }
+
   /// The next call, under exec_. The call last taken stays the list's head, and the queue's
-  /// (the producer may be linking behind it), until the next one is taken: the pointer is good
+  /// (a producer may be linking behind it), until the next one is taken: the pointer is good
   /// until then.
   call_task* pop() {
     if (!pending()) return nullptr;
     call_task* n = head_->next_.load(std::memory_order_acquire);
-    if (n == nullptr) return nullptr;
+    if (n == nullptr) return nullptr;  // queued, not yet linked: its producer is between its two stores
     call_task* old = head_;
     head_ = n;
     if (old != stub_.get()) old->self_.reset();
@@ -217,31 +371,135 @@ class call_queue {
     return pushed_.load(std::memory_order_seq_cst) != popped_.load(std::memory_order_seq_cst);
   }
 
-  /// exec_, unless this thread holds it already (it is running one of this queue's calls).
-  std::unique_lock<std::mutex> exec_lock() {
-    return tl_running == this ? std::unique_lock<std::mutex>() : std::unique_lock<std::mutex>(exec_);
-  }
-  /// Runs the queued calls here, under exec_: all of them, or until `until` has run.
-  void run_queued(call_task* until = nullptr) {
+  /// How run_queued() stopped: every call it was to run has run; at a call queued but not yet
+  /// linked in (its producer is between its two stores); or at a gate another thread closed
+  /// while this one had let exec_ go to settle a call (the calls after it wait for that one's
+  /// continuations).
+  enum class ran { all, gap, gated };
+  /// Runs the queued calls here, under exec_: all of them, or until `until` is done.
+  ran run_queued(call_task* until = nullptr) {
     while (until == nullptr || !until->test()) {
+      if (tl_settling != this && gate_.load(std::memory_order_seq_cst)) return ran::gated;
       call_task* n = pop();
-      if (n == nullptr) break;
+      if (n == nullptr) return pending() ? ran::gap : ran::all;
       run(*n);
     }
+    return ran::all;
   }
 
   void run(call_task& t) noexcept {
     t.st_.store(call_task::kRunning, std::memory_order_relaxed);  // nobody waits on a queued call
     const std::int64_t outer = tl_issued_ns;
     tl_issued_ns = t.issued_ns_;
+    call_task* outer_task = std::exchange(tl_current_task, &t);
+    const call_queue* outer_body = std::exchange(tl_in_body, this);
     try {
       t.invoke();
     } catch (...) {
       t.err_ = std::current_exception();
     }
+    tl_in_body = outer_body;
+    tl_current_task = outer_task;
     tl_issued_ns = outer;
+    int c = 0;  // none added: closed now (one added from now on runs at once)
+    const bool conts = !t.cont_.compare_exchange_strong(c, call_task::kClosed, std::memory_order_acq_rel);
+    if (!conts && t.plain()) {  // every collx::async call: nothing of the user's to run
+      t.release();
+      done(t);
+      return;
+    }
+    if (outer_body == this) {
+      // Nested in a call under way on this thread (an async::run body that makes or waits for
+      // calls): exec_ stays held, so no other thread runs a call in the middle of that one.
+      const call_task* prev_task = std::exchange(tl_settling_task, &t);
+      run_continuations(t);
+      tl_settling_task = prev_task;
+      done(t);
+      t.release();
+      return;
+    }
+    settle(t, conts);
+  }
+
+  /// t's continuations, until none is left; then closed for good (one added later runs at once).
+  void run_continuations(call_task& t) noexcept {
+    for (;;) {
+      std::vector<continuation> fs;
+      {
+        std::lock_guard g(t.cont_mu_);
+        if (t.conts_.empty()) {
+          t.cont_.store(call_task::kHasConts | call_task::kClosed, std::memory_order_release);
+          return;
+        }
+        fs.swap(t.conts_);
+      }
+      for (auto& f : fs) run_continuation(f, t.err_);
+    }
+  }
+
+  /// The call is done: its waiters wake.
+  static void done(call_task& t) noexcept {
+    if (t.st_.exchange(call_task::kDone, std::memory_order_acq_rel) & call_task::kWaiter)
+      futex_wake_all(reinterpret_cast<std::atomic<std::uint32_t>&>(t.st_), false);
+  }
+
+  /// What follows a call that has continuations or captures of the user's, with exec_ released
+  /// (this thread holds it on entry and on return): the continuations run with the gate closed;
+  /// the gate opens and the call is done; then its captures go (their destructors may wait for
+  /// what a waiter of the call, or the thread making the next call, holds: the GIL).
+  void settle(call_task& t, bool conts) noexcept {
+    // Once exec_ is let go another thread may take the next call, dropping the queue's
+    // reference to this one, and once it is done its waiter may drop the work's: this keeps it.
+    // (A call run at once in submit() has no queue reference: submit's own keeps it.)
+    const std::shared_ptr<call_task> keep = t.self_;
+    const call_queue* prev_running = std::exchange(tl_running, nullptr);
+    if (conts) {
+      int s = t.st_.load(std::memory_order_relaxed);
+      while (!t.st_.compare_exchange_weak(s, (s & call_task::kWaiter) | call_task::kSettling, std::memory_order_acq_rel)) {
+      }
+      const bool opened = tl_settling != this;  // (a nested call's continuations keep the outer gate)
+      if (opened) {
+        gate_since_.store(wall_ns(), std::memory_order_relaxed);
+        gate_.store(true, std::memory_order_seq_cst);
+      }
+      const call_queue* prev_settling = std::exchange(tl_settling, this);
+      const call_task* prev_task = std::exchange(tl_settling_task, &t);
+      exec_.unlock();
+      if (obs_.in_continuation) obs_.in_continuation(obs_.ctx, true);
+      run_continuations(t);
+      if (obs_.in_continuation) obs_.in_continuation(obs_.ctx, false);
+      tl_settling_task = prev_task;
+      tl_settling = prev_settling;
+      if (opened) {
+        gate_.store(false, std::memory_order_seq_cst);
+        gate_since_.store(0, std::memory_order_relaxed);
+        gate_word_.fetch_add(1, std::memory_order_seq_cst);
+        if (gate_sleepers_.load(std::memory_order_seq_cst) != 0) futex_wake_all(gate_word_, false);
+      }
+    } else {
+      exec_.unlock();
+    }
+    done(t);
     t.release();
-    if (t.st_.exchange(call_task::kDone, std::memory_order_acq_rel) & call_task::kWaiter) t.st_.notify_all();
+    exec_.lock();
+    tl_running = prev_running;
+  }
+
+  static void run_continuation(continuation& f, const std::exception_ptr& err) noexcept {
+    try {
+      f(err);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "collx: a continuation threw (ignored): %s\n", e.what());
+    } catch (...) {
+      std::fprintf(stderr, "collx: a continuation threw (ignored)\n");
+    }
+  }
+
+  /// A continuation added to a call that is done: at once, on this thread; but inside a queued
+  /// call of this queue (under exec_), when that call completes. (q may be gone: compared only.)
+  static void run_late(const call_queue* q, continuation& f, const std::exception_ptr& err) {
+    if (q != nullptr && tl_running == q && tl_current_task != nullptr && tl_current_task->add(f)) return;
+    run_continuation(f, err);
   }
 
   void loop() {
@@ -271,33 +529,65 @@ class call_queue {
       }
       if (!pending()) return;  // stopping, and nothing left
       // The caller may be running calls (a blocking one, or a wait() that took the calls up to
-      // its own): look again later rather than queue on the mutex.
+      // its own), or a continuation may hold the gate: look again later rather than queue on
+      // the mutex.
       std::unique_lock ex(exec_, std::try_to_lock);
-      if (!ex.owns_lock()) {
-        futex_wait(bell_, bell_.load(std::memory_order_seq_cst), kPoll, false);
+      if (!ex.owns_lock() || gate_.load(std::memory_order_seq_cst)) {
+        const std::uint32_t g = gate_word_.load(std::memory_order_seq_cst);
+        const bool gated = ex.owns_lock();
+        if (ex.owns_lock()) ex.unlock();
+        if (gated) {
+          gate_sleepers_.fetch_add(1, std::memory_order_seq_cst);
+          futex_wait(gate_word_, g, kSleepSlice, false);
+          gate_sleepers_.fetch_sub(1, std::memory_order_seq_cst);
+        } else {
+          futex_wait(bell_, bell_.load(std::memory_order_seq_cst), kPoll, false);
+        }
         continue;
       }
       scope s(this);
-      run_queued();
+      if (run_queued() == ran::gap) std::this_thread::yield();  // a producer is linking its call in
       busy_at = clock::now();
     }
   }
 
   std::shared_ptr<call_task> stub_;  // the list's first head
   call_task* head_;                  // the call last taken (or the stub): the consumer's end, under exec_
-  call_task* tail_;                  // the call last queued: the producer's end
-  std::atomic<std::uint64_t> pushed_{0}, popped_{0};  // calls queued and taken, ever (one writer each)
+  std::atomic<call_task*> tail_;     // the call last queued: the producers' end
+  std::atomic<std::uint64_t> pushed_{0}, popped_{0};  // calls queued and taken, ever
   std::atomic<std::uint32_t> bell_{0};  // bumped (and woken) to wake the thread
   std::atomic<bool> asleep_{false};     // the thread sleeps until woken (not lingering)
   std::atomic<bool> stop_{false};
-  bool started_ = false;  // the producer started the thread
-  std::mutex exec_;       // held by the thread running this communicator's calls
+  std::atomic<bool> started_{false};  // a producer started the thread
+  std::mutex start_mu_;               // the thread's handle, between its start and shutdown
+  std::mutex exec_;                   // held by the thread running this communicator's calls
+  // The gate: closed while a call's continuations run (settle), with no lock held.
+  std::atomic<bool> gate_{false};
+  std::atomic<std::int64_t> gate_since_{0};  // wall_ns when it closed
+  std::atomic<std::uint32_t> gate_word_{0};  // bumped as it opens
+  std::atomic<std::uint32_t> gate_sleepers_{0};
+  std::chrono::nanoseconds timeout_{std::chrono::seconds(300)};
+  queue_observer obs_;
   std::thread worker_;
 };
 
 inline void call_task::wait() {
   if (!test()) q_->wait_for(*this);
   if (err_) std::rethrow_exception(err_);
+}
+
+inline bool call_task::add(continuation& f) {
+  std::lock_guard g(cont_mu_);
+  int c = cont_.load(std::memory_order_acquire);
+  do {
+    if (c & kClosed) return false;
+  } while (!cont_.compare_exchange_weak(c, c | kHasConts, std::memory_order_acq_rel));
+  conts_.push_back(std::move(f));
+  return true;
+}
+
+inline void call_task::then(continuation f) {
+  if (!add(f)) call_queue::run_late(q_, f, err_);
 }
 
 }  // namespace collx::detail

@@ -166,6 +166,12 @@ struct alignas(64) position {
   std::atomic<std::uint64_t> else_call[2] = {};
   std::atomic<std::uint64_t> else_seq{0};
   std::atomic<std::int32_t> else_waiting_job{-1};
+  // Where the rank is outside collx: in the continuations of a call's work (callbacks: user
+  // code) since user_since_ns, and whether its calls come from Python (the torch backend's):
+  // a rank whose Python holds the GIL "is not in collx: in Python" in a peer's report.
+  static constexpr std::uint32_t kInCallback = 1, kPython = 2;
+  std::atomic<std::uint32_t> user{0};
+  std::atomic<std::int64_t> user_since_ns{0};
 
   /// A 16-character field (name, else_comm, else_call) from or into 16 bytes.
   using word16 = std::atomic<std::uint64_t>[2];
@@ -186,6 +192,10 @@ struct alignas(64) position {
     return std::string(b, strnlen(b, sizeof b));
   }
 };
+
+/// Where a rank's calls come from, for the desync report's words on a rank that is not in collx
+/// (flight::set_caller): 0, or position::kPython.
+inline std::atomic<std::uint32_t> caller_language{0};
 
 /// What a recorder put on its rank's position (to put it back when a nested call ends).
 struct position_words {

@@ -91,19 +91,62 @@ c10::intrusive_ptr<c10::ivalue::Future> make_future() {
   return c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
 }
 
-/// The collx call behind one or more torch works (a coalesced batch shares one).
-struct call_slot {
-  std::mutex m;
-  collx::work w;
-  bool launched = false;
-  bool test() {
-    std::lock_guard<std::mutex> g(m);
-    return launched && w.test();
+// ---- where the backend blocks, and why none of it can deadlock --------------------------------
+//
+// Two kinds of lock meet here: Python's GIL, and collx's own (a communicator's turn to run calls,
+// exec_, and the gate that keeps a call's continuations in order: detail/call_queue.hpp). A
+// deadlock needs a thread holding one while it waits for the other, and a thread doing the
+// converse. collx never holds its locks while user code runs: a call's continuation (here, the
+// one that completes its torch future, which runs DDP's and PowerSGD's Python callbacks) and
+// the release of a call's captures (tensors whose last reference may need the GIL to free their
+// Python object) run with exec_ released. And no wait of this backend holds the GIL while it
+// waits for collx's thread:
+// - CollxWork::wait(), sourceRank(), result(), and exception() once done: the GIL is released
+//   (without_gil) before collx's work::wait, which may run queued calls or sleep until the
+//   progress thread has run them; torch's own bindings release it too, but DDP's reducer and
+//   other C++ callers may hold it;
+// - CollxWork's destructor (Python dropping a work, GIL held) does not wait at all: the call owns
+//   its tensors (captured by value), so it may finish after its handle is gone (work::detach);
+// - isCompleted(), isSuccess() and exception() before completion never block (a test of atomics);
+// - barrier() is a call like any other: its wait is CollxWork::wait;
+// - the destructor of a process group (Python's last reference, or destroy_process_group, with
+//   the GIL held) waits for its outstanding calls and stops its communicator without the GIL;
+// - the constructors (the rendezvous through torch's store) are called with the GIL released
+//   (the py::init lambdas below);
+// - submitting a call never blocks: the call queue takes calls from any thread without a lock.
+// A Python callback that runs in a continuation takes the GIL from whichever thread holds it
+// once that thread waits or lets it go (every 5 ms): nothing in collx waits on it meanwhile but
+// the calls after that call, which is the order the gate keeps. That wait, like every other, has
+// the communicator's deadline (the process group's timeout): a callback stuck past it fails the
+// calls after it with an error that says so, and a peer's desync report reads "rank r is not
+// in collx: in Python, in the callbacks of its last call's work".
+
+/// Runs f with the GIL released when this thread holds it (and Python is not finalizing, when
+/// handing the GIL over is not safe), else as it is.
+template <class F>
+decltype(auto) without_gil(F&& f) {
+  if (Py_IsInitialized() && !_Py_IsFinalizing() && PyGILState_Check()) {
+    py::gil_scoped_release nogil;
+    return f();
   }
+  return f();
+}
+
+/// The collx call behind one or more torch works (a coalesced batch shares one). `w` is set once,
+/// before `launched` (a batch's works exist before endCoalescing launches their call).
+struct call_slot {
+  collx::work w;
+  std::atomic<bool> launched{false};
+  ~call_slot() { w.detach(); }  // never waits: the call's captures keep its tensors
+  void launch(collx::work x) {
+    w = std::move(x);
+    launched.store(true, std::memory_order_release);
+  }
+  bool test() { return launched.load(std::memory_order_acquire) && w.test(); }
   void wait() {
-    std::lock_guard<std::mutex> g(m);
-    TORCH_CHECK(launched, "collx: wait() on a call of a coalesced batch that was never ended (endCoalescing)");
-    w.wait();
+    TORCH_CHECK(launched.load(std::memory_order_acquire),
+                "collx: wait() on a call of a coalesced batch that was never ended (endCoalescing)");
+    without_gil([&] { w.wait(); });
   }
 };
 
@@ -116,7 +159,7 @@ class CollxWork final : public c10d::Work {
   std::exception_ptr exception() const override {
     if (!s_->test()) return nullptr;
     try {
-      s_->wait();
+      s_->wait();  // (done: returns at once)
       return nullptr;
     } catch (...) {
       return std::current_exception();
@@ -128,7 +171,10 @@ class CollxWork final : public c10d::Work {
   }
   void synchronize() override {}
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return fut_; }
-  std::vector<at::Tensor> result() override { return fut_->value().toTensorVector(); }
+  std::vector<at::Tensor> result() override {
+    s_->wait();  // the future is complete once the call's continuation has run
+    return fut_->value().toTensorVector();
+  }
   /// The sender of a receive from any source (torch reads it after wait()).
   int sourceRank() const override {
     if (!source_) return c10d::Work::sourceRank();  // throws: not such a receive
@@ -141,6 +187,17 @@ class CollxWork final : public c10d::Work {
   std::shared_ptr<call_slot> s_;
   c10::intrusive_ptr<c10::ivalue::Future> fut_;
   std::shared_ptr<std::atomic<int>> source_;
+};
+
+/// The continuation that completes a call's future (and so runs its callbacks: DDP's, a comm
+/// hook's, PowerSGD's): after the call, with no lock of collx's held (call_queue.hpp).
+struct complete_future {
+  c10::intrusive_ptr<c10::ivalue::Future> fut;
+  std::vector<at::Tensor> outputs;
+  void operator()(std::exception_ptr e) const {
+    if (e) fut->setErrorIfNeeded(e);
+    else fut->markCompleted(c10::IValue(outputs));
+  }
 };
 
 // ---- tensors ----------------------------------------------------------------------------------
@@ -254,7 +311,9 @@ class ProcessGroupCollx final : public c10d::ProcessGroup {
   ProcessGroupCollx(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout)
       : c10d::ProcessGroup(rank, size) {
     collx::options o;
-    o.timeout = timeout;
+    // The deadline of every wait: the process group's timeout, or COLLX_TIMEOUT_S where set (the
+    // rendezvous keeps the process group's: ranks may start minutes apart)
+    o.timeout = std::getenv("COLLX_TIMEOUT_S") != nullptr ? collx::detail::default_timeout() : timeout;
     const std::string kind = choose_transport(*store, rank, size);
     if (kind == "shm") {
       if (rank == 0) store_set(*store, "collx/job", "torch-" + random_hex(8));
@@ -293,13 +352,17 @@ class ProcessGroupCollx final : public c10d::ProcessGroup {
 
   // The calls still outstanding finish (an empty call waits for those before it), then this rank
   // leaves: a peer still waiting for it is told so at once.
+  // Without the GIL: the calls' continuations (Python callbacks) may need it to finish.
   ~ProcessGroupCollx() override {
     if (!comm_ || !comm_->valid()) return;
-    try {
-      collx::async::run(*comm_, [](comm_t&) {}).wait();
-    } catch (...) {  // a failed communicator: nothing more to wait for
-    }
-    comm_->transport().leave();
+    without_gil([&] {
+      try {
+        collx::async::run(*comm_, [](comm_t&) {}).wait();
+      } catch (...) {  // a failed communicator: nothing more to wait for
+      }
+      comm_->transport().leave();
+      comm_.reset();  // its progress thread stops here, not under the GIL
+    });
   }
 
   const std::string getBackendName() const override { return "collx"; }
@@ -319,17 +382,11 @@ class ProcessGroupCollx final : public c10d::ProcessGroup {
     batch_done_.clear();
     batch_slot_ = nullptr;
     if (!slot) return;  // nothing was added
-    std::lock_guard<std::mutex> g(slot->m);
-    slot->w = collx::async::run(*comm_, [batch, done](comm_t&) {
-      try {
-        batch->run();
-      } catch (...) {
-        for (auto& [f, out] : done) f->setError(std::current_exception());
-        throw;
-      }
-      for (auto& [f, out] : done) f->markCompleted(c10::IValue(out));
+    collx::work w = collx::async::run(*comm_, [batch](comm_t&) { batch->run(); });
+    w.then([done](std::exception_ptr e) {
+      for (auto& [f, out] : done) complete_future{f, out}(e);
     });
-    slot->launched = true;
+    slot->launch(std::move(w));
   }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override {
@@ -674,19 +731,9 @@ class ProcessGroupCollx final : public c10d::ProcessGroup {
       return in_batch(type, outputs, fut);
     }
     auto slot = std::make_shared<call_slot>();
-    {
-      std::lock_guard<std::mutex> g(slot->m);
-      slot->w = collx::async::run(*comm_, [body, fut, outputs](comm_t& c) {
-        try {
-          body(c);
-        } catch (...) {
-          fut->setError(std::current_exception());
-          throw;
-        }
-        fut->markCompleted(c10::IValue(outputs));
-      });
-      slot->launched = true;
-    }
+    collx::work w = collx::async::run(*comm_, std::move(body));
+    w.then(complete_future{fut, std::move(outputs)});
+    slot->launch(std::move(w));
     return c10::make_intrusive<CollxWork>(getRank(), type, slot, fut);
   }
 
@@ -747,7 +794,7 @@ class ProcessGroupCollx final : public c10d::ProcessGroup {
 
   std::unique_ptr<comm_t> comm_;
   std::string kind_;
-  std::uint64_t seq_ = 0;
+  std::atomic<std::uint64_t> seq_{0};
   std::shared_ptr<collx::fused<collx::transport::any>> batch_;
   std::shared_ptr<call_slot> batch_slot_;
   std::vector<std::pair<c10::intrusive_ptr<c10::ivalue::Future>, std::vector<at::Tensor>>> batch_done_;
@@ -758,6 +805,7 @@ class ProcessGroupCollx final : public c10d::ProcessGroup {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using collx_torch::ProcessGroupCollx;
   py::module::import("torch.distributed");
+  collx::flight::set_caller_python(true);  // a peer's desync report says "in Python" of a rank not in collx
   py::class_<ProcessGroupCollx, c10::intrusive_ptr<ProcessGroupCollx>, c10d::ProcessGroup>(m, "ProcessGroupCollx")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout) {
              py::gil_scoped_release nogil;
@@ -772,4 +820,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            }),
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("parent"), py::arg("members"), py::arg("name"))
       .def_property_readonly("transport", &ProcessGroupCollx::transport_kind);
+  // For the tests: a work's wait() called from C++ with the GIL held, as DDP's reducer and other
+  // C++ callers of torch may call it (torch's own Python binding of wait() releases the GIL).
+  m.def("_wait_holding_gil", [](const c10::intrusive_ptr<c10d::Work>& w) { return w->wait(); });
 }

@@ -224,6 +224,12 @@ inline tcp_wire::position_answer answer_of(const detail::position& p) {
     detail::position::get16(p.else_call, a.else_call);
     a.else_waiting_job = p.else_waiting_job.load(std::memory_order_relaxed);
   }
+  a.user = p.user.load(std::memory_order_relaxed);
+  const std::int64_t now = detail::wall_ns(), since = p.user_since_ns.load(std::memory_order_relaxed);
+  const std::int64_t from = (a.user & detail::position::kInCallback) && since != 0 ? since
+                            : (a.seq_state & 3) != detail::position::kIn  ? p.alive_ns.load(std::memory_order_relaxed)
+                                                                           : 0;
+  if (from > 0 && now > from) a.out_ms = std::uint32_t(std::min<std::int64_t>((now - from) / 1'000'000, 0xffffffff));
   return a;
 }
 
@@ -368,6 +374,7 @@ inline void ask_positions(const query_point& me, const std::vector<std::string>&
   auto mark = [&](int q, std::int32_t how) {
     board[q].seq_state.store(0, std::memory_order_relaxed);
     board[q].else_seq.store(0, std::memory_order_relaxed);
+    board[q].user.store(0, std::memory_order_relaxed);
     board[q].waiting_for.store(how, std::memory_order_relaxed);
   };
   for (int q = 0; q < me.size; ++q) {
@@ -399,6 +406,7 @@ inline void ask_positions(const query_point& me, const std::vector<std::string>&
   std::memcpy(query.token, me.tok.data(), me.tok.size());
   std::vector<pollfd> pf;
   std::vector<int> answered;
+  std::vector<std::uint32_t> out_ms(std::size_t(me.size), 0);
   while (!ask.empty() && net::clock::now() < until) {
     pf.clear();
     for (const asking& k : ask) pf.push_back({k.s.get(), short(k.sent ? POLLIN : POLLOUT), 0});
@@ -436,14 +444,25 @@ inline void ask_positions(const query_point& me, const std::vector<std::string>&
       p.else_seq.store(a->else_seq, std::memory_order_relaxed);
       p.waiting_for.store(a->waiting_for, std::memory_order_relaxed);
       p.seq_state.store(a->seq_state, std::memory_order_relaxed);
+      p.user.store(a->user, std::memory_order_relaxed);
+      out_ms[std::size_t(k.q)] = a->out_ms;
       answered.push_back(k.q);
     }
     std::erase_if(ask, [](const asking& k) { return !k.s; });
   }
   // It answered: alive (as of now, not of the answer: the report reads this after the wait
   // for the others, which must not make it look silent).
+  // One in its callbacks, or done and out of collx, says for how long (a duration: the hosts'
+  // clocks differ).
   const std::int64_t now = detail::wall_ns();
-  for (int q : answered) board[q].alive_ns.store(now, std::memory_order_relaxed);
+  for (int q : answered) {
+    detail::position& p = board[q];
+    const std::int64_t out = std::int64_t(out_ms[std::size_t(q)]) * 1'000'000;
+    const bool in_callback = p.user.load(std::memory_order_relaxed) & detail::position::kInCallback;
+    p.user_since_ns.store(in_callback ? now - out : 0, std::memory_order_relaxed);
+    const bool outside = (p.seq_state.load(std::memory_order_relaxed) & 3) != detail::position::kIn;
+    p.alive_ns.store(outside && !in_callback && out > 0 ? now - out : now, std::memory_order_relaxed);
+  }
 }
 
 }  // namespace collx::transport::tcp_detail

@@ -158,7 +158,8 @@ struct position_answer {
   char else_comm[16] = {};
   char else_call[16] = {};
   std::uint64_t else_seq = 0;
-  std::uint64_t reserved = 0;
+  std::uint32_t user = 0;    // detail::position::user: in a call's callbacks, its calls from Python
+  std::uint32_t out_ms = 0;  // for how long (ms) it has been in those callbacks, or else out of collx, when not in a call
 };
 static_assert(sizeof(position_answer) == 88);
 
@@ -169,6 +170,7 @@ inline std::optional<position_answer> parse_answer(std::span<const std::byte, si
   std::memcpy(&a, raw.data(), sizeof a);
   if (a.magic != kAnswerMagic || a.version != kVersion) return std::nullopt;
   if (a.waiting_for < -1 || a.waiting_for >= size || a.else_waiting_job < -1) return std::nullopt;
+  a.user &= detail::position::kInCallback | detail::position::kPython;
   for (char* f : {a.name, a.else_comm, a.else_call})
     for (int i = 0; i < 16; ++i)
       if (f[i] != 0 && (static_cast<unsigned char>(f[i]) < 32 || static_cast<unsigned char>(f[i]) > 126)) f[i] = '?';
