@@ -211,7 +211,7 @@ TEST_CASE("destroying a work that was not waited for waits for its call", "[asyn
         }) == "");
 }
 
-TEST_CASE("continuations: each runs once its call has completed, in issue order, with the call's error or none", "[async][then]") {
+TEST_CASE("continuations: each runs once after its call completes in issue order and sees the call's error", "[async][then]") {
   auto body = [](auto& comm, auto note) {
     const int n = comm.size();
     constexpr int kCalls = 12;
@@ -295,7 +295,7 @@ TEST_CASE("a continuation sees its call's error", "[async][then]") {
 // is added, its main thread issues the next call C at once or after a while. If C could run
 // before the continuation's B on one rank and after it on another, B and C (of different counts)
 // would meet as a mismatch, or sum the wrong buffers.
-TEST_CASE("a call made from a continuation comes right after the call it continues, on every rank", "[async][then]") {
+TEST_CASE("a call made from a continuation comes right after the call it continues on every rank", "[async][then]") {
   auto body = [](auto& comm, auto note) {
     const int n = comm.size(), r = comm.rank();
     for (int round = 0; round < 20; ++round) {
@@ -360,7 +360,7 @@ TEST_CASE("a call's captures and continuations run with no lock of collx's held"
         },
         o);
   }
-  SECTION("a continuation that does not return: the calls after it fail at the deadline, saying why") {
+  SECTION("a continuation that does not return: the calls after it fail at the deadline and say why") {
     collx::launch_threads(
         2,
         [&](auto& comm) {
@@ -399,7 +399,113 @@ TEST_CASE("a call's captures and continuations run with no lock of collx's held"
   CHECK(f.first() == "");
 }
 
-TEST_CASE("calls submitted from several threads all run, each once", "[async][then]") {
+// What a review of the first version found, each with the case that broke it.
+TEST_CASE("the call queue: order and lifetimes under threads", "[async][then]") {
+  SECTION("a blocking call runs after every call its thread queued while other threads queue theirs") {
+    // (with producers linking their calls in two steps, a blocking call could run before the
+    // one its own thread had just queued behind a producer caught between its two steps)
+    collx::launch_threads(1, [](auto& comm) {
+      std::atomic<bool> stop{false};
+      std::vector<std::thread> spam;
+      for (int s = 0; s < 3; ++s)
+        spam.emplace_back([&] {
+          for (unsigned k = 1; !stop.load(); ++k) {
+            auto w = collx::async::run(comm, [](auto&) {});
+            if (k % 16 == 0) w.wait();  // bounded: the queue does not outgrow memory
+            else w.detach();
+          }
+        });
+      int bad = 0;
+      for (int i = 0; i < 3000; ++i) {
+        std::atomic<bool> ran{false};
+        collx::async::run(comm, [&](auto&) { ran = true; }).detach();
+        collx::fused<typename std::decay_t<decltype(comm)>::transport_type> f(comm);  // a blocking call
+        f.then([&](auto&) { bad += !ran.load(); });
+        f.run();
+      }
+      stop = true;
+      for (auto& t : spam) t.join();
+      CHECK(bad == 0);
+    });
+  }
+  SECTION("a call whose body waits for a later call lives until it returns though its work was dropped") {
+    // (the later call, taken while the body runs, dropped the queue's reference: the running
+    // call was freed under its own feet; ASan saw it)
+    collx::launch_threads(1, [](auto& comm) {
+      for (int i = 0; i < 50; ++i) {
+        auto later = std::make_shared<collx::work>();
+        std::atomic<bool> ready{false}, finished{false};
+        std::vector<int> v(64, i);
+        collx::async::run(comm, [&, later](auto&) {
+          while (!ready.load()) std::this_thread::yield();
+          later->wait();
+          v[0] += 1;  // touches its own captures after the wait
+          finished = true;
+        }).detach();
+        *later = collx::async::run(comm, [](auto&) {});
+        ready = true;
+        while (!finished.load()) std::this_thread::yield();
+        CHECK(v[0] == i + 1);
+      }
+    });
+  }
+  SECTION("a communicator destroyed as soon as a call's waiter goes on while its runner still drops the captures") {
+    // (the call was done before its captures were dropped and exec_ taken back: the waiter's
+    // thread could destroy the communicator under the runner; ASan saw it)
+    collx::launch_threads(1, [](auto& comm) {
+      static std::atomic<bool> dropped{false};
+      struct slow_drop {
+        ~slow_drop() {
+          std::this_thread::sleep_for(20ms);
+          dropped = true;
+        }
+      };
+      for (int i = 0; i < 5; ++i) {
+        auto c = comm.split(0, 0);
+        collx::async::run(c, [](auto&) {}).wait();
+        std::this_thread::sleep_for(10ms);  // its progress thread asleep: the thread that waits runs the next call
+        std::shared_ptr<collx::work> w;
+        std::atomic<bool> published{false};
+        std::thread runner([&] {
+          w = std::make_shared<collx::work>(collx::async::run(c, [d = std::make_shared<slow_drop>()](auto&) {}));
+          published = true;
+          w->wait();  // runs the call here, then drops its captures
+        });
+        while (!published.load()) std::this_thread::yield();
+        dropped = false;
+        while (!w->test()) std::this_thread::yield();
+        // done: its captures are gone, and the thread that ran it touches the queue only to let
+        // exec_ go, which the destruction waits for
+        CHECK(dropped.load());
+        c = {};  // destroyed as soon as the call is done
+        runner.join();
+      }
+    });
+  }
+  SECTION("a communicator whose last handle goes inside a continuation of its own") {
+    // (its destruction joined the thread it ran on, or tore down the queue under it: it is
+    // finished on a thread of its own)
+    collx::launch_threads(1, [](auto& comm) {
+      using comm_t = std::decay_t<decltype(comm)>;
+      for (int i = 0; i < 5; ++i) {
+        auto c = std::make_shared<comm_t>(comm.split(0, 0));
+        std::atomic<bool> outer_gone{false}, done{false};
+        comm_t& cc = *c;
+        collx::async::run(cc, [](auto&) {}, [&, last = c](std::exception_ptr) mutable {
+          while (!outer_gone.load()) std::this_thread::yield();
+          last.reset();  // the last handle: the communicator goes from inside its own continuation
+          done = true;
+        }).detach();
+        c.reset();
+        outer_gone = true;
+        while (!done.load()) std::this_thread::yield();
+      }
+      std::this_thread::sleep_for(50ms);  // their destruction, on threads of their own, finishes
+    });
+  }
+}
+
+TEST_CASE("calls submitted from several threads all run once each", "[async][then]") {
   // One rank: every call is local, so their order across threads does not matter, only that
   // none is lost or run twice while the queue takes them from four producers at once.
   constexpr int kThreads = 4, kEach = 300;

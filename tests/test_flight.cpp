@@ -471,9 +471,44 @@ TEMPLATE_TEST_CASE("desync report: a timeout says where every rank of the commun
               if (m.find(where) == std::string::npos || m.find("all_reduce #2") == std::string::npos ||
                   m.find("rank " + std::to_string(late) + " is in") != std::string::npos)
                 note("the timeout does not say where the ranks are: " + m);
+              // out of collx since its last call, for longer than four sleep slices
+              if (m.find("rank " + std::to_string(late) + " is not in collx: in its own code for") == std::string::npos)
+                note("the timeout does not say the late rank is in its own code: " + m);
             }
           }) == "");
   }
+}
+
+// A call made by a continuation (a future's callback that all-reduces) is a call like any other:
+// the rank is in it, not "not in collx", though its position also says it is in callbacks.
+TEMPLATE_TEST_CASE("desync report: a rank in a call its continuation made is in that call", "[flight][desync]", threads, processes,
+                   processes_tcp) {
+  const scoped_env t("COLLX_TIMEOUT_S", "0.4");
+  CHECK(run_checked<TestType>(3, [](auto& comm, auto note) {
+          std::vector<float> a(16, 1.0f), b(16, 1.0f);
+          if (comm.rank() == 2) {
+            collx::all_reduce(comm, std::span(a), collx::ops::sum{});
+            std::this_thread::sleep_for(1200ms);  // never comes to all_reduce #2
+            return;
+          }
+          std::string m;
+          auto w = collx::async::run(
+              comm, [&](auto& c) { collx::all_reduce(c, std::span(a), collx::ops::sum{}); },
+              [&](std::exception_ptr) {
+                try {
+                  collx::all_reduce(comm, std::span(b), collx::ops::sum{});  // #2, from the continuation
+                } catch (const collx::error& e) {
+                  if (e.code() == collx::errc::timeout) m = e.what();
+                }
+              });
+          w.wait();
+          if (m.empty()) return;  // told by the peer that timed out first: no report of its own
+          const int other = 1 - comm.rank();
+          if (m.find("rank " + std::to_string(other) + " is not in collx") != std::string::npos)
+            note("a rank in a call its continuation made is said not to be in collx: " + m);
+          if (m.find("rank 2 is not in collx: in its own code") == std::string::npos)
+            note("the rank that never came is not said to be in its own code: " + m);
+        }) == "");
 }
 
 TEMPLATE_TEST_CASE("desync report: a rank stuck in a call on another communicator is named there", "[flight][desync]", threads,

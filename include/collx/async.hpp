@@ -13,7 +13,9 @@
 // the blocking call. send and recv keep their rule (a send completes once its receiver has the
 // message) and their order: two ranks that exchange both ways use sendrecv, or a fused batch
 // (fuse.hpp), which posts its sends and receives together.
+#include <exception>
 #include <functional>
+#include <type_traits>
 #include <utility>
 
 #include "collectives/all_gather.hpp"
@@ -36,12 +38,14 @@ namespace detail {
 /// f at once, and f's kernels are enqueued, not waited for: the work completes when the
 /// stream has passed them, as NCCL's calls are stream-ordered.
 template <class T, class F>
-work submit(communicator<T>& comm, const char* what, F&& f) {
+work submit(communicator<T>& comm, const char* what, F&& f, continuation then = {}) {
   if constexpr (requires(T& t) { t.enqueue(f); }) {
     if (!comm.valid()) (void)queue_of(comm, what);  // (throws: a null communicator)
-    return comm.transport().enqueue(std::forward<F>(f));
+    work w = comm.transport().enqueue(std::forward<F>(f));
+    if (then) w.then(std::move(then));
+    return w;
   } else {
-    return work(queue_of(comm, what).submit(std::forward<F>(f)));
+    return work(queue_of(comm, what).submit(std::forward<F>(f), std::move(then)));
   }
 }
 }  // namespace detail
@@ -75,6 +79,15 @@ COLLX_ASYNC_CALL(sendrecv)
 template <class T, class F>
 work run(communicator<T>& comm, F f) {
   return detail::submit(comm, "async::run", [&comm, f = std::move(f)]() mutable { f(comm); });
+}
+
+/// async::run with a continuation (work.hpp, then) that is the call's before any thread can run
+/// it: it runs in the call's turn even when the call completes before run() returns (then()
+/// on the returned work would run it at once, on this thread, instead).
+template <class T, class F, class C>
+  requires std::is_invocable_v<C&, std::exception_ptr>
+work run(communicator<T>& comm, F f, C then) {
+  return detail::submit(comm, "async::run", [&comm, f = std::move(f)]() mutable { f(comm); }, continuation(std::move(then)));
 }
 
 }  // namespace async

@@ -21,6 +21,7 @@
 #include <array>
 #include <mutex>
 #include <memory>
+#include <thread>
 #include <unordered_map>
 
 #include "algo/profile.hpp"
@@ -75,11 +76,12 @@ class communicator {
   communicator(communicator&&) noexcept = default;
   communicator& operator=(communicator&& o) noexcept {
     if (this != &o) {
-      s_.reset();  // finishes this one's calls first (state's destructor)
+      retire();  // finishes this one's calls first (state's destructor)
       s_ = std::move(o.s_);
     }
     return *this;
   }
+  ~communicator() { retire(); }
 
   /// False for a null communicator.
   bool valid() const noexcept { return s_ != nullptr; }
@@ -320,6 +322,22 @@ class communicator {
     detail::flight_recorder rec;  // after dbg: it writes TRACE lines to it
     detail::call_queue queue;  // last: its thread may use everything above
   };
+  /// Lets the state go: its destructor finishes the calls queued and stops the progress
+  /// thread. A communicator dropped from inside its own calls or their continuations (the last
+  /// reference to a torch process group, say, let go by a future's callback) is finished on a
+  /// thread of its own: this thread is in the middle of the queue it would tear down.
+  void retire() noexcept {
+    if (!s_) return;
+    if (s_->queue.inside()) {
+      try {
+        std::thread([p = s_.release()] { delete p; }).detach();
+        return;
+      } catch (...) {  // no thread to be had: let go here, as before
+      }
+    }
+    s_.reset();
+  }
+
   std::unique_ptr<state> s_;
 };
 

@@ -91,19 +91,8 @@ inline std::size_t flight_capacity() {
 class flight_recorder;
 
 /// A recorder's lock: taken twice a call by the thread that runs it, and now and then by a
-/// dump, so almost never contended. One atomic exchange to take (a std::mutex costs two atomic
-/// read-modify-writes a lock and unlock); a contended taker yields its core.
-class record_lock {
- public:
-  void lock() noexcept {
-    while (held_.exchange(true, std::memory_order_acquire))
-      while (held_.load(std::memory_order_relaxed)) std::this_thread::yield();
-  }
-  void unlock() noexcept { held_.store(false, std::memory_order_release); }
-
- private:
-  std::atomic<bool> held_{false};
-};
+/// dump, so almost never contended (detail/wait.hpp).
+using record_lock = yield_lock;
 
 /// Every recorder of this process (dumps gather a job rank's communicators). Never destroyed:
 /// a communicator that outlives static destruction still finds it.

@@ -291,12 +291,14 @@ struct call_info {
       const char* lang = u & detail::position::kPython ? "Python" : "its own code";
       const std::int64_t since = p.user_since_ns.load(std::memory_order_relaxed);
       const std::int64_t alive = p.alive_ns.load(std::memory_order_relaxed);
+      // (in a call, here or on another of its communicators, a call its callbacks made
+      // included: in collx)
+      if ((ss & 3) == detail::position::kIn || p.else_seq.load(std::memory_order_relaxed) != 0) continue;
       if ((u & detail::position::kInCallback) && since != 0) {
         o += "; " + peer(r) + " is not in collx: in " + lang +
              ", in the callbacks of its last call's work (continuations; a future's under torch) for " +
              detail::format_seconds(std::chrono::nanoseconds(now - since));
-      } else if ((ss & 3) != detail::position::kIn && ss != 0 && alive != 0 &&
-                 now - alive > 4 * std::chrono::nanoseconds(detail::kSleepSlice).count()) {
+      } else if (ss != 0 && alive != 0 && now - alive > 4 * std::chrono::nanoseconds(detail::kSleepSlice).count()) {
         o += "; " + peer(r) + " is not in collx: in " + lang + " for " + detail::format_seconds(std::chrono::nanoseconds(now - alive)) +
              " (since its last call)";
       }

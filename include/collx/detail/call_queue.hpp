@@ -11,9 +11,11 @@
 // communicator's state (sequence numbers, scratch, schedules) are never shared by two.
 //
 // Calls may be issued from any thread (the torch backend's come from Python's threads, from
-// autograd's and from the callbacks of futures): the queue is a list with many producers and
-// one consumer at a time (the holder of exec_), so it needs no lock: submitting is an allocation,
-// one atomic exchange and two atomic stores.
+// autograd's and from the callbacks of futures): the queue is a list with many producers, who
+// take turns for its two stores (a yield lock: one atomic exchange, almost never contended), and
+// one consumer at a time (the holder of exec_). Submitting is an allocation and a handful of
+// atomic operations. The list's order is its counter's, so "every call queued before this one"
+// is a number, and a blocking call runs exactly those first.
 //
 // Continuations (work::then) and the call's own captures are user code: a Python callback that
 // needs the GIL, a tensor whose last reference needs it to be freed. None of it runs under exec_:
@@ -153,10 +155,7 @@ class call_task_of final : public call_task {
 
 class call_queue {
  public:
-  call_queue() : stub_(std::make_shared<call_task_of<void (*)()>>(this, +[] {})) {
-    head_ = stub_.get();
-    tail_.store(stub_.get(), std::memory_order_relaxed);
-  }
+  call_queue() : stub_(std::make_shared<call_task_of<void (*)()>>(this, +[] {})) { head_ = tail_ = stub_.get(); }
   call_queue(const call_queue&) = delete;
   call_queue& operator=(const call_queue&) = delete;
   ~call_queue() { shutdown(); }
@@ -168,22 +167,36 @@ class call_queue {
     obs_ = obs;
   }
 
+  /// Whether this thread is inside this queue now: running one of its calls, a call's body, or
+  /// a call's continuations (a communicator must not be destroyed from there: communicator.hpp
+  /// hands its destruction to another thread).
+  bool inside() const noexcept { return tl_running == this || tl_settling == this || tl_in_body == this; }
+  /// Whether a call submitted from this thread now runs at once, on it (inside a call or a
+  /// continuation of this queue's), rather than being queued.
+  bool runs_at_once() const noexcept { return tl_running == this || tl_settling == this; }
+
   /// A blocking call's turn: while it lives, this thread runs the communicator's calls, and
-  /// every call queued before it has run. Inside a call already (a call made by a call), it is
-  /// nothing; inside a continuation of this queue's, it takes exec_ and runs nothing queued (a
-  /// call made by a continuation comes right after the call it continues).
+  /// every call this thread queued before it has run. Inside a call already (a call made by a
+  /// call), it is nothing; inside a continuation of this queue's, it takes exec_ and runs nothing
+  /// queued (a call made by a continuation comes right after the call it continues).
   class turn {
    public:
     explicit turn(call_queue& q, const char* what = "a call") : prev_(tl_running), prev_body_(tl_in_body) {
       if (tl_running == &q) return;
-      if (tl_settling == &q) ex_ = std::unique_lock(q.exec_);  // (a continuation's call: the gate is its own)
-      else ex_ = q.take_turn(what);                           // every call queued before this one has run
+      if (tl_settling == &q) {  // (a continuation's call: the gate is its own)
+        ex_ = std::unique_lock(q.exec_);
+        gate_call_ = &q;
+        q.gate_calls_.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        ex_ = q.take_turn(what, nullptr, q.pushed_.load(std::memory_order_acquire));
+      }
       tl_running = &q;
       tl_in_body = &q;
     }
     ~turn() {
       tl_running = prev_;
       tl_in_body = prev_body_;
+      if (gate_call_ != nullptr) gate_call_->gate_calls_.fetch_sub(1, std::memory_order_relaxed);
     }
     turn(const turn&) = delete;
     turn& operator=(const turn&) = delete;
@@ -191,6 +204,7 @@ class call_queue {
    private:
     const call_queue* prev_;
     const call_queue* prev_body_;
+    call_queue* gate_call_ = nullptr;
     std::unique_lock<std::mutex> ex_;
   };
 
@@ -214,14 +228,15 @@ class call_queue {
   static constexpr std::chrono::microseconds kPoll{50};
   static constexpr std::chrono::milliseconds kLinger{5};
 
-  /// Queues f (a callable taking nothing) behind every call issued before it; the progress
-  /// thread runs it. Any thread may submit.
-  /// A call submitted from inside one of this communicator's calls, or from a continuation of
-  /// one, runs at once, as a blocking call made there does (the calls queued behind the running
-  /// one come after it).
+  /// Queues f (a callable taking nothing) behind every call issued before it, with `then` as its
+  /// first continuation when given (added before any thread can run the call); the progress
+  /// thread runs it. Any thread may submit. A call submitted from inside one of this
+  /// communicator's calls, or from a continuation of one, runs at once, as a blocking call made
+  /// there does (the calls queued behind the running one come after it).
   template <class F>
-  std::shared_ptr<call_task> submit(F f) {
+  std::shared_ptr<call_task> submit(F f, continuation then = {}) {
     std::shared_ptr<call_task> t = std::make_shared<call_task_of<std::decay_t<F>>>(this, std::move(f));
+    if (then) (void)t->add(then);
     if (tl_running == this) {
       run(*t);
       return t;
@@ -229,13 +244,20 @@ class call_queue {
     if (tl_settling == this) {
       std::unique_lock ex(exec_);
       scope s(this);
+      gate_calls_.fetch_add(1, std::memory_order_relaxed);
       run(*t);
+      gate_calls_.fetch_sub(1, std::memory_order_relaxed);
       return t;
     }
     t->self_ = t;
-    call_task* prev = tail_.exchange(t.get(), std::memory_order_acq_rel);
-    prev->next_.store(t.get(), std::memory_order_release);  // until here the consumer sees the list end at prev
-    pushed_.fetch_add(1, std::memory_order_seq_cst);
+    {
+      // Producers take turns for the two stores that queue a call: the list's order is the
+      // counter's, so a consumer that sees the counter also sees every call before it linked.
+      std::lock_guard g(push_);
+      tail_->next_.store(t.get(), std::memory_order_release);
+      tail_ = t.get();
+      pushed_.store(pushed_.load(std::memory_order_relaxed) + 1, std::memory_order_seq_cst);
+    }
     if (!started_.load(std::memory_order_acquire) && !started_.exchange(true, std::memory_order_acq_rel)) {
       std::lock_guard g(start_mu_);
       worker_ = std::thread([this] { loop(); });
@@ -253,22 +275,21 @@ class call_queue {
   void wait_for(call_task& t) {
     if (t.test()) return;
     if (&t == tl_settling_task) return;  // its own continuation: the call itself has completed
+    if (&t == tl_current_task)
+      throw error(errc::invalid_argument, "a nonblocking call waits for its own work from inside itself (it would wait for ever)");
     if (tl_running == this || tl_settling == this) {
       // Inside a call or a continuation of this queue: this thread has the turn. The calls
       // queued up to t run here, in order (nobody else may run them now).
       const auto ex = tl_running == this ? std::unique_lock<std::mutex>() : std::unique_lock<std::mutex>(exec_);
       scope s(this);
-      while (!t.test()) {
-        if (run_queued(&t) == ran::gap) std::this_thread::yield();  // a producer is linking its call in
-      }
+      (void)run_queued(&t);
       return;
     }
     // The calls up to t run here, unless a thread runs them now; a thread that runs one of them
     // meanwhile, or settles it, may be left to run t.
-    if (t.st_.load(std::memory_order_acquire) == call_task::kQueued) (void)take_turn("wait", &t);
-    // Another thread runs it (or t is being linked in: the progress thread takes it then): sleep
-    // until it is done, saying so first. Only a closed gate has a deadline here: a call's own
-    // waits have theirs.
+    if ((t.st_.load(std::memory_order_acquire) & call_task::kStateMask) == call_task::kQueued) (void)take_turn("wait", &t);
+    // Another thread runs it: sleep until it is done, saying so first. Only a closed gate has a
+    // deadline here: a call's own waits have theirs.
     std::int64_t waiting = 0;
     for (int s = t.st_.load(std::memory_order_acquire); (s & call_task::kStateMask) != call_task::kDone;
          s = t.st_.load(std::memory_order_acquire)) {
@@ -280,7 +301,9 @@ class call_queue {
     }
   }
 
-  /// Runs what is queued and stops the progress thread (the communicator is going).
+  /// Runs what is queued and stops the progress thread (the communicator is going). Called from
+  /// outside the queue (communicator.hpp sees to it): nothing of the queue is on this thread's
+  /// stack.
   void shutdown() noexcept {
     stop_.store(true, std::memory_order_seq_cst);
     bell_.fetch_add(1, std::memory_order_seq_cst);
@@ -289,21 +312,36 @@ class call_queue {
       std::lock_guard g(start_mu_);
       if (worker_.joinable()) {
         if (worker_.get_id() != std::this_thread::get_id()) worker_.join();
-        else worker_.detach();  // the last reference went in a continuation on it: it ends by itself
+        else worker_.detach();  // (communicator.hpp never lets it come to this)
       }
     }
-    // Without a thread (it could not start), or called from it: run the rest here.
+    // Without a thread (it could not start), or called from it: run the rest here, waiting out
+    // a gate (a continuation on another thread may make a call: it needs exec_) until the
+    // deadline; what is still queued then is dropped.
     std::unique_lock<std::mutex> ex;
     if (tl_running != this) ex = std::unique_lock(exec_);
-    scope s(this);
+    const std::int64_t give_up = wall_ns() + timeout_.count();
     while (pending()) {
-      if (run_queued() != ran::all) std::this_thread::yield();  // a producer links its call in, or a continuation runs
+      const std::uint32_t v = gate_word_.load(std::memory_order_seq_cst);
+      if (gate_.load(std::memory_order_seq_cst) && tl_settling != this) {
+        if (wall_ns() > give_up) break;
+        if (ex.owns_lock()) ex.unlock();
+        futex_wait(gate_word_, v, kSleepSlice, false);
+        if (tl_running != this) ex.lock();
+        continue;
+      }
+      scope s(this);
+      (void)run_queued();
     }
-    if (head_ != stub_.get()) {  // the last call taken: the queue's reference goes
-      head_->self_.reset();
-      head_ = stub_.get();
-      tail_.store(stub_.get(), std::memory_order_relaxed);
+    std::lock_guard g(push_);
+    for (call_task* n = head_; n != nullptr;) {  // the last call taken, and any dropped: the queue's references go
+      call_task* next = n->next_.load(std::memory_order_acquire);
+      if (n != stub_.get()) n->self_.reset();  // (n may be gone now: next was read first)
+      n = next;
     }
+    stub_->next_.store(nullptr, std::memory_order_relaxed);
+    head_ = tail_ = stub_.get();
+    popped_.store(pushed_.load(std::memory_order_relaxed), std::memory_order_relaxed);
   }
 
  private:
@@ -315,18 +353,19 @@ class call_queue {
     ~scope() { tl_running = prev; }
   };
 
-  /// exec_, once the gate is open, with the calls queued up to `until` (every one, when null)
-  /// run here: taken by a thread that is to run calls (a blocking call's turn, a wait that runs
-  /// its own call). A closed gate is waited out with no lock held, until the deadline; so is one
-  /// that another thread closes while this one settles a call it ran (its exec_ let go).
-  std::unique_lock<std::mutex> take_turn(const char* what, call_task* until = nullptr) {
+  /// exec_, once the gate is open, with the calls queued up to `until` (up to the `upto`-th
+  /// queued, when null) run here: taken by a thread that is to run calls (a blocking call's
+  /// turn, a wait that runs its own call). A closed gate is waited out with no lock held, until
+  /// the deadline; so is one that another thread closes while this one settles a call it ran
+  /// (its exec_ let go).
+  std::unique_lock<std::mutex> take_turn(const char* what, call_task* until = nullptr, std::uint64_t upto = 0) {
     std::unique_lock ex(exec_);
     std::int64_t waiting = 0;
     for (;;) {
       const std::uint32_t v = gate_word_.load(std::memory_order_seq_cst);
       if (!gate_.load(std::memory_order_seq_cst)) {
         scope s(this);
-        if (run_queued(until) != ran::gated) return ex;
+        if (run_queued(until, upto) != ran::gated) return ex;
         continue;
       }
       ex.unlock();
@@ -339,12 +378,13 @@ class call_queue {
   }
 
   /// Throws when the gate has kept this waiter (waiting since `waiting`, wall_ns, 0: from now)
-  /// for longer than the deadline.
+  /// for longer than the deadline. A continuation that is in a call of its own (the call has
+  /// deadlines of its own) does not count.
   void check_gate(const char* what, std::int64_t& waiting) const {
     if (!gate_.load(std::memory_order_seq_cst)) return;
     const std::int64_t now = wall_ns();
-    if (waiting == 0) waiting = now;
-    const std::int64_t since = std::max(gate_since_.load(std::memory_order_relaxed), waiting);
+    if (waiting == 0 || gate_calls_.load(std::memory_order_relaxed) != 0) waiting = now;
+    const std::int64_t since = std::max(gate_since_.load(std::memory_order_acquire), waiting);
     if (now - since <= timeout_.count()) return;
     char secs[32];
     std::snprintf(secs, sizeof secs, "%.3g s", double(now - since) * 1e-9);
@@ -358,8 +398,7 @@ class call_queue {
   /// until then.
   call_task* pop() {
     if (!pending()) return nullptr;
-    call_task* n = head_->next_.load(std::memory_order_acquire);
-    if (n == nullptr) return nullptr;  // queued, not yet linked: its producer is between its two stores
+    call_task* n = head_->next_.load(std::memory_order_acquire);  // (linked before the counter moved)
     call_task* old = head_;
     head_ = n;
     if (old != stub_.get()) old->self_.reset();
@@ -371,24 +410,25 @@ class call_queue {
     return pushed_.load(std::memory_order_seq_cst) != popped_.load(std::memory_order_seq_cst);
   }
 
-  /// How run_queued() stopped: every call it was to run has run; at a call queued but not yet
-  /// linked in (its producer is between its two stores); or at a gate another thread closed
-  /// while this one had let exec_ go to settle a call (the calls after it wait for that one's
-  /// continuations).
-  enum class ran { all, gap, gated };
-  /// Runs the queued calls here, under exec_: all of them, or until `until` is done.
-  ran run_queued(call_task* until = nullptr) {
-    while (until == nullptr || !until->test()) {
+  /// How run_queued() stopped: every call it was to run has run, or at a gate another thread
+  /// closed while this one had let exec_ go to settle a call (the calls after it wait for that
+  /// one's continuations).
+  enum class ran { all, gated };
+  /// Runs the queued calls here, under exec_: until `until` is done; else the first `upto` ever
+  /// queued (0: all).
+  ran run_queued(call_task* until = nullptr, std::uint64_t upto = 0) {
+    for (;;) {
+      if (until != nullptr ? until->test() : upto != 0 && popped_.load(std::memory_order_relaxed) >= upto) return ran::all;
       if (tl_settling != this && gate_.load(std::memory_order_seq_cst)) return ran::gated;
       call_task* n = pop();
-      if (n == nullptr) return pending() ? ran::gap : ran::all;
+      if (n == nullptr) return ran::all;
+      const std::shared_ptr<call_task> keep = n->self_;  // a call after it, taken while it runs, drops the queue's reference
       run(*n);
     }
-    return ran::all;
   }
 
   void run(call_task& t) noexcept {
-    t.st_.store(call_task::kRunning, std::memory_order_relaxed);  // nobody waits on a queued call
+    t.st_.fetch_or(call_task::kRunning, std::memory_order_relaxed);  // (keeps a waiter's bit)
     const std::int64_t outer = tl_issued_ns;
     tl_issued_ns = t.issued_ns_;
     call_task* outer_task = std::exchange(tl_current_task, &t);
@@ -414,8 +454,8 @@ class call_queue {
       const call_task* prev_task = std::exchange(tl_settling_task, &t);
       run_continuations(t);
       tl_settling_task = prev_task;
-      done(t);
       t.release();
+      done(t);
       return;
     }
     settle(t, conts);
@@ -445,29 +485,27 @@ class call_queue {
 
   /// What follows a call that has continuations or captures of the user's, with exec_ released
   /// (this thread holds it on entry and on return): the continuations run with the gate closed;
-  /// the gate opens and the call is done; then its captures go (their destructors may wait for
-  /// what a waiter of the call, or the thread making the next call, holds: the GIL).
+  /// the gate opens and the captures go (their destructors may wait for what the thread making
+  /// the next call holds: the GIL); then exec_ is taken back and the call is done. Done under
+  /// exec_, so that once a waiter of the call has gone on (and may destroy the communicator),
+  /// this thread touches the queue only to let exec_ go, which the destruction waits for.
   void settle(call_task& t, bool conts) noexcept {
-    // Once exec_ is let go another thread may take the next call, dropping the queue's
-    // reference to this one, and once it is done its waiter may drop the work's: this keeps it.
-    // (A call run at once in submit() has no queue reference: submit's own keeps it.)
-    const std::shared_ptr<call_task> keep = t.self_;
     const call_queue* prev_running = std::exchange(tl_running, nullptr);
     if (conts) {
       int s = t.st_.load(std::memory_order_relaxed);
       while (!t.st_.compare_exchange_weak(s, (s & call_task::kWaiter) | call_task::kSettling, std::memory_order_acq_rel)) {
       }
-      const bool opened = tl_settling != this;  // (a nested call's continuations keep the outer gate)
+      const bool opened = tl_settling != this;  // (a call made by a continuation keeps the outer gate)
       if (opened) {
-        gate_since_.store(wall_ns(), std::memory_order_relaxed);
+        gate_since_.store(wall_ns(), std::memory_order_release);
         gate_.store(true, std::memory_order_seq_cst);
       }
       const call_queue* prev_settling = std::exchange(tl_settling, this);
       const call_task* prev_task = std::exchange(tl_settling_task, &t);
       exec_.unlock();
-      if (obs_.in_continuation) obs_.in_continuation(obs_.ctx, true);
+      if (opened && obs_.in_continuation) obs_.in_continuation(obs_.ctx, true);
       run_continuations(t);
-      if (obs_.in_continuation) obs_.in_continuation(obs_.ctx, false);
+      if (opened && obs_.in_continuation) obs_.in_continuation(obs_.ctx, false);
       tl_settling_task = prev_task;
       tl_settling = prev_settling;
       if (opened) {
@@ -479,10 +517,10 @@ class call_queue {
     } else {
       exec_.unlock();
     }
-    done(t);
     t.release();
     exec_.lock();
     tl_running = prev_running;
+    done(t);
   }
 
   static void run_continuation(continuation& f, const std::exception_ptr& err) noexcept {
@@ -531,9 +569,9 @@ class call_queue {
       // The caller may be running calls (a blocking one, or a wait() that took the calls up to
       // its own), or a continuation may hold the gate: look again later rather than queue on
       // the mutex.
+      const std::uint32_t g = gate_word_.load(std::memory_order_seq_cst);  // (before the gate: its opening changes it)
       std::unique_lock ex(exec_, std::try_to_lock);
       if (!ex.owns_lock() || gate_.load(std::memory_order_seq_cst)) {
-        const std::uint32_t g = gate_word_.load(std::memory_order_seq_cst);
         const bool gated = ex.owns_lock();
         if (ex.owns_lock()) ex.unlock();
         if (gated) {
@@ -546,15 +584,16 @@ class call_queue {
         continue;
       }
       scope s(this);
-      if (run_queued() == ran::gap) std::this_thread::yield();  // a producer is linking its call in
+      (void)run_queued();
       busy_at = clock::now();
     }
   }
 
   std::shared_ptr<call_task> stub_;  // the list's first head
   call_task* head_;                  // the call last taken (or the stub): the consumer's end, under exec_
-  std::atomic<call_task*> tail_;     // the call last queued: the producers' end
-  std::atomic<std::uint64_t> pushed_{0}, popped_{0};  // calls queued and taken, ever
+  call_task* tail_;                  // the call last queued: the producers' end, under push_
+  yield_lock push_;                  // producers' turn (two stores; a contended taker yields)
+  std::atomic<std::uint64_t> pushed_{0}, popped_{0};  // calls queued and taken, ever (one writer each at a time)
   std::atomic<std::uint32_t> bell_{0};  // bumped (and woken) to wake the thread
   std::atomic<bool> asleep_{false};     // the thread sleeps until woken (not lingering)
   std::atomic<bool> stop_{false};
@@ -566,6 +605,7 @@ class call_queue {
   std::atomic<std::int64_t> gate_since_{0};  // wall_ns when it closed
   std::atomic<std::uint32_t> gate_word_{0};  // bumped as it opens
   std::atomic<std::uint32_t> gate_sleepers_{0};
+  std::atomic<int> gate_calls_{0};  // calls its continuations are making now (they have deadlines of their own)
   std::chrono::nanoseconds timeout_{std::chrono::seconds(300)};
   queue_observer obs_;
   std::thread worker_;

@@ -74,6 +74,22 @@ struct waitable {
   void wake(bool shared) noexcept { futex_wake_all(word, shared); }
 };
 
+/// A lock for a few instructions that is almost never contended (a recorder's, the call queue's
+/// producers'): one atomic exchange to take (a std::mutex costs two atomic read-modify-writes a
+/// lock and unlock); a contended taker yields its core, so a holder preempted on a crowded
+/// host gets it back.
+class yield_lock {
+ public:
+  void lock() noexcept {
+    while (held_.exchange(true, std::memory_order_acquire))
+      while (held_.load(std::memory_order_relaxed)) sched_yield();
+  }
+  void unlock() noexcept { held_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> held_{false};
+};
+
 enum class wait_result { ready, timed_out };
 
 /// Waits until done() holds. check() is called between sleeps and may throw (a failed peer, an

@@ -352,17 +352,24 @@ class ProcessGroupCollx final : public c10d::ProcessGroup {
 
   // The calls still outstanding finish (an empty call waits for those before it), then this rank
   // leaves: a peer still waiting for it is told so at once.
-  // Without the GIL: the calls' continuations (Python callbacks) may need it to finish.
+  // Without the GIL: the calls' continuations (Python callbacks) may need it to finish. Let go
+  // from inside a continuation of its own (a future's callback dropped the last reference), the
+  // group is finished on a thread of its own: this one is in the middle of its queue.
   ~ProcessGroupCollx() override {
     if (!comm_ || !comm_->valid()) return;
-    without_gil([&] {
+    auto finish = [](std::unique_ptr<comm_t> c) {
       try {
-        collx::async::run(*comm_, [](comm_t&) {}).wait();
+        collx::async::run(*c, [](comm_t&) {}).wait();
       } catch (...) {  // a failed communicator: nothing more to wait for
       }
-      comm_->transport().leave();
-      comm_.reset();  // its progress thread stops here, not under the GIL
-    });
+      c->transport().leave();
+      c.reset();  // its progress thread stops here
+    };
+    if (comm_->calls_queue().inside()) {
+      std::thread([finish, c = std::move(comm_)]() mutable { finish(std::move(c)); }).detach();
+      return;
+    }
+    without_gil([&] { finish(std::move(comm_)); });
   }
 
   const std::string getBackendName() const override { return "collx"; }
@@ -382,11 +389,9 @@ class ProcessGroupCollx final : public c10d::ProcessGroup {
     batch_done_.clear();
     batch_slot_ = nullptr;
     if (!slot) return;  // nothing was added
-    collx::work w = collx::async::run(*comm_, [batch](comm_t&) { batch->run(); });
-    w.then([done](std::exception_ptr e) {
+    slot->launch(submit([batch](comm_t&) { batch->run(); }, [done](std::exception_ptr e) {
       for (auto& [f, out] : done) complete_future{f, out}(e);
-    });
-    slot->launch(std::move(w));
+    }));
   }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override {
@@ -731,10 +736,18 @@ class ProcessGroupCollx final : public c10d::ProcessGroup {
       return in_batch(type, outputs, fut);
     }
     auto slot = std::make_shared<call_slot>();
-    collx::work w = collx::async::run(*comm_, std::move(body));
-    w.then(complete_future{fut, std::move(outputs)});
-    slot->launch(std::move(w));
+    slot->launch(submit(std::move(body), complete_future{fut, std::move(outputs)}));
     return c10::make_intrusive<CollxWork>(getRank(), type, slot, fut);
+  }
+
+  /// The call `body`, with `then` (which completes its futures) its continuation from the start.
+  /// A call made from a continuation of this group's (a future's callback: PowerSGD's) runs at
+  /// once, on this thread, for as long as the collective takes: without the GIL.
+  template <class F, class C>
+  collx::work submit(F body, C then) {
+    if (comm_->calls_queue().runs_at_once())
+      return without_gil([&] { return collx::async::run(*comm_, std::move(body), std::move(then)); });
+    return collx::async::run(*comm_, std::move(body), std::move(then));
   }
 
   /// A call added to the open coalesced batch: its work completes with the batch.

@@ -226,9 +226,10 @@ inline tcp_wire::position_answer answer_of(const detail::position& p) {
   }
   a.user = p.user.load(std::memory_order_relaxed);
   const std::int64_t now = detail::wall_ns(), since = p.user_since_ns.load(std::memory_order_relaxed);
-  const std::int64_t from = (a.user & detail::position::kInCallback) && since != 0 ? since
-                            : (a.seq_state & 3) != detail::position::kIn  ? p.alive_ns.load(std::memory_order_relaxed)
-                                                                           : 0;
+  const bool outside = (a.seq_state & 3) != detail::position::kIn;  // (a call its callbacks made is in collx)
+  const std::int64_t from = !outside                                          ? 0
+                            : (a.user & detail::position::kInCallback) && since != 0 ? since
+                                                                              : p.alive_ns.load(std::memory_order_relaxed);
   if (from > 0 && now > from) a.out_ms = std::uint32_t(std::min<std::int64_t>((now - from) / 1'000'000, 0xffffffff));
   return a;
 }
