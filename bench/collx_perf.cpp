@@ -47,8 +47,8 @@
 #include <unistd.h>
 
 #include <collx/collx.hpp>
-#include <collx/model.hpp>
-#include <collx/calibration.hpp>
+#include <collx/algo/model.hpp>
+#include <collx/algo/calibration.hpp>
 
 #include "cli.hpp"
 
@@ -207,12 +207,13 @@ template <class A, collx::algo::collective K>
 inline constexpr bool runs_v = runs<A, K>();
 
 struct all_reduce_c {
-  static constexpr const char* name = "all_reduce";
-  static constexpr bool reduces = true, rooted = false, in_place = false, out_at_root = false;
-  static constexpr const char* bus = "2(n-1)/n";
+  static constexpr const collx::algo::collective_traits& t = collx::algo::traits(collx::algo::collective::all_reduce);
+  static constexpr const char* name = t.name;
+  static constexpr bool reduces = t.reduces, rooted = t.rooted, in_place = false, out_at_root = false;
+  static constexpr const char* bus = t.bus;
   static constexpr const char* what = "every rank ends with the element-wise reduction of all ranks' buffers";
   static constexpr const char* size_doc = "bytes of each rank's buffer; count: its elements";
-  static double bus_factor(int n) { return 2.0 * (n - 1) / n; }
+  static double bus_factor(int n) { return t.bus_factor(n); }
   template <class A>
   static constexpr bool supports = runs_v<A, collx::algo::collective::all_reduce>;
   static shape make(std::size_t bytes, std::size_t es, int) {
@@ -228,12 +229,13 @@ struct all_reduce_c {
 };
 
 struct reduce_scatter_c {
-  static constexpr const char* name = "reduce_scatter";
-  static constexpr bool reduces = true, rooted = false, in_place = false, out_at_root = false;
-  static constexpr const char* bus = "(n-1)/n";
+  static constexpr const collx::algo::collective_traits& t = collx::algo::traits(collx::algo::collective::reduce_scatter);
+  static constexpr const char* name = t.name;
+  static constexpr bool reduces = t.reduces, rooted = t.rooted, in_place = false, out_at_root = false;
+  static constexpr const char* bus = t.bus;
   static constexpr const char* what = "rank r ends with the reduction of every rank's r-th block (k elements)";
   static constexpr const char* size_doc = "bytes of the n*k input; count: k, the elements each rank receives";
-  static double bus_factor(int n) { return double(n - 1) / n; }
+  static double bus_factor(int n) { return t.bus_factor(n); }
   template <class A>
   static constexpr bool supports = runs_v<A, collx::algo::collective::reduce_scatter>;
   static shape make(std::size_t bytes, std::size_t es, int n) {
@@ -249,12 +251,13 @@ struct reduce_scatter_c {
 };
 
 struct all_gather_c {
-  static constexpr const char* name = "all_gather";
-  static constexpr bool reduces = false, rooted = false, in_place = false, out_at_root = false;
-  static constexpr const char* bus = "(n-1)/n";
+  static constexpr const collx::algo::collective_traits& t = collx::algo::traits(collx::algo::collective::all_gather);
+  static constexpr const char* name = t.name;
+  static constexpr bool reduces = t.reduces, rooted = t.rooted, in_place = false, out_at_root = false;
+  static constexpr const char* bus = t.bus;
   static constexpr const char* what = "every rank ends with all ranks' k-element blocks, in rank order";
   static constexpr const char* size_doc = "bytes of the n*k output; count: k, the elements each rank sends";
-  static double bus_factor(int n) { return double(n - 1) / n; }
+  static double bus_factor(int n) { return t.bus_factor(n); }
   template <class A>
   static constexpr bool supports = runs_v<A, collx::algo::collective::all_gather>;
   static shape make(std::size_t bytes, std::size_t es, int n) {
@@ -270,12 +273,13 @@ struct all_gather_c {
 };
 
 struct broadcast_c {
-  static constexpr const char* name = "broadcast";
-  static constexpr bool reduces = false, rooted = true, in_place = true, out_at_root = false;
-  static constexpr const char* bus = "1";
+  static constexpr const collx::algo::collective_traits& t = collx::algo::traits(collx::algo::collective::broadcast);
+  static constexpr const char* name = t.name;
+  static constexpr bool reduces = t.reduces, rooted = t.rooted, in_place = true, out_at_root = false;
+  static constexpr const char* bus = t.bus;
   static constexpr const char* what = "every rank ends with the root's buffer";
   static constexpr const char* size_doc = "bytes of the buffer; count: its elements";
-  static double bus_factor(int) { return 1.0; }
+  static double bus_factor(int n) { return t.bus_factor(n); }
   template <class A>
   static constexpr bool supports = runs_v<A, collx::algo::collective::broadcast>;
   static shape make(std::size_t bytes, std::size_t es, int) {
@@ -291,12 +295,13 @@ struct broadcast_c {
 };
 
 struct reduce_c {
-  static constexpr const char* name = "reduce";
-  static constexpr bool reduces = true, rooted = true, in_place = false, out_at_root = true;
-  static constexpr const char* bus = "1";
+  static constexpr const collx::algo::collective_traits& t = collx::algo::traits(collx::algo::collective::reduce);
+  static constexpr const char* name = t.name;
+  static constexpr bool reduces = t.reduces, rooted = t.rooted, in_place = false, out_at_root = true;
+  static constexpr const char* bus = t.bus;
   static constexpr const char* what = "the root ends with the element-wise reduction of all ranks' buffers";
   static constexpr const char* size_doc = "bytes of each rank's buffer; count: its elements";
-  static double bus_factor(int) { return 1.0; }
+  static double bus_factor(int n) { return t.bus_factor(n); }
   template <class A>
   static constexpr bool supports = runs_v<A, collx::algo::collective::reduce>;
   static shape make(std::size_t bytes, std::size_t es, int) {
@@ -312,12 +317,13 @@ struct reduce_c {
 };
 
 struct all_to_all_c {
-  static constexpr const char* name = "all_to_all";
-  static constexpr bool reduces = false, rooted = false, in_place = false, out_at_root = false;
-  static constexpr const char* bus = "(n-1)/n";
+  static constexpr const collx::algo::collective_traits& t = collx::algo::traits(collx::algo::collective::all_to_all);
+  static constexpr const char* name = t.name;
+  static constexpr bool reduces = t.reduces, rooted = t.rooted, in_place = false, out_at_root = false;
+  static constexpr const char* bus = t.bus;
   static constexpr const char* what = "rank r sends its j-th k-element block to rank j (MoE token dispatch)";
   static constexpr const char* size_doc = "bytes of each rank's n*k send buffer; count: k, the elements per peer";
-  static double bus_factor(int n) { return double(n - 1) / n; }
+  static double bus_factor(int n) { return t.bus_factor(n); }
   template <class A>
   static constexpr bool supports = runs_v<A, collx::algo::collective::all_to_all>;
   static shape make(std::size_t bytes, std::size_t es, int n) {
@@ -574,7 +580,7 @@ void print_automatic_vs_best(const config& cfg, const sweep_info& si,
 
 /// --waits: per group, per rank, over one size's timed calls: how long the rank waited, how long
 /// the others waited on it, and how much of that its late entry explains (collx::flight::waits;
-/// the attribution is detail/flight_record.hpp's), the most blamed rank first.
+/// the attribution is core/flight_record.hpp's), the most blamed rank first.
 void print_waits(const config& cfg, const row& rw) {
   const int n = cfg.ranks, g = cfg.group();
   auto ms = [](std::int64_t ns) { return double(ns) / 1e6; };
@@ -689,7 +695,7 @@ void run(const config& cfg, totals& tot) {
 }
 
 // ---- calibration (--calibrate) --------------------------------------------------------------
-// The model (collx/model.hpp) charges α per step, β per byte a rank sends (or receives) in a
+// The model (collx/algo/model.hpp) charges α per step, β per byte a rank sends (or receives) in a
 // step, δ·β per byte of its smaller direction when it does both, and γ per byte reduced. So
 // calibration times exactly those units, through the same executor and transport as the
 // collectives, with ranks in pairs (r, r xor 1; with -np > 2 the other pairs work at the same
@@ -869,7 +875,7 @@ int calibrate(const config& cfg) {
   p.cores = collx::detail::usable_cores();
   p.ranks = cfg.ranks;
   p.delta = delta;
-  // The step times by size, which the model charges steps from (model.hpp, step_seconds): from
+  // The step times by size, which the model charges steps from (algo/model.hpp, step_seconds): from
   // a few bytes, where a step is its latency, through sizes that stay in cache, to sizes that
   // stream from memory.
   std::printf("# step times by size (one way, exchange, exchange + float sum), medians of 5:\n");
@@ -899,7 +905,7 @@ int calibrate(const config& cfg) {
     std::printf("#   exchange %9zu B: measured %10.2f us, alpha + beta*(1+delta)*bytes %10.2f us\n", b, t * 1e6,
                 (alpha + beta * (1 + delta) * double(b)) * 1e6);
   // Every policy measured against what the model predicts for it: the factors it scales its
-  // predictions by (model.hpp, policy_fit).
+  // predictions by (algo/model.hpp, policy_fit).
   {
     namespace model = collx::model;
     std::vector<std::size_t> sizes;

@@ -1,4 +1,4 @@
-// collx-flight-bench: what the flight recorder (flight.hpp) costs a call, piece by piece, in one
+// collx-flight-bench: what the flight recorder (comm/flight.hpp) costs a call, piece by piece, in one
 // run: its clock against the raw counter and clock_gettime, and a call's record (open + close on
 // a bound recorder with a position board, as a collective of 2 ranks records itself; nothing
 // waited, so no per-peer work). The end-to-end figure is collx-perf's, recorder on against off
@@ -12,7 +12,7 @@
 #include <x86intrin.h>
 #endif
 
-#include <collx/flight.hpp>
+#include <collx/comm/flight.hpp>
 
 namespace {
 

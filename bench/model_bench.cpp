@@ -7,8 +7,8 @@
 //
 //   build/bench/collx-model-bench                     # N = 64, 256, 1024
 //   build/bench/collx-model-bench -n 1024 --reps 9
-#include <collx/calibration.hpp>
-#include <collx/model.hpp>
+#include <collx/algo/calibration.hpp>
+#include <collx/algo/model.hpp>
 
 #include "../tools/heap_meter.hpp"
 

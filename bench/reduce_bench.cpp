@@ -25,7 +25,7 @@
 
 #include <collx/ops/apply.hpp>
 #include <collx/ops/ops.hpp>
-#include <collx/types.hpp>
+#include <collx/core/types.hpp>
 
 namespace {
 

@@ -1,8 +1,8 @@
 #pragma once
-// Ranks as processes for device plans, without a GPU: device/ipc.hpp's process_group over host
+// Ranks as processes for device plans, without a GPU: features/device_ipc.hpp's peer_group over host
 // memory, and the plan walked on the host across real processes.
 //
-// memfd_backend is the memory backend (device/ipc.hpp) of host memory: an allocation is a memfd
+// memfd_backend is the memory backend (features/device_ipc.hpp) of host memory: an allocation is a memfd
 // mapped shared, exported as its descriptor (passed over the ranks' Unix sockets, as CUDA's VMM
 // handles are) or, in the `opaque` mode, as bytes naming it (pid and descriptor number: a peer
 // opens /proc/<pid>/fd/<n>, as a cudaIpcMemHandle_t is opened). memfd_alloc() is the user's
@@ -10,7 +10,7 @@
 // staged, as device memory from a pool that cannot be exported is.
 //
 // ipc_planned is a transport of ranks as processes that walks each call's device plan
-// (device/plan.hpp's run_plan, one worker per rank) in the memory process_group maps: the
+// (device/plan.hpp's run_plan, one worker per rank) in the memory peer_group maps: the
 // regions' inboxes and acks, the job block, the peers' buffers through the table each call's
 // exchange fills, messages posted as (buffer, offset) pairs. Everything cuda::transport's
 // process-ranks do but the kernel and the CUDA calls runs here.
@@ -20,7 +20,7 @@
 #include <unistd.h>
 
 #include <collx/collx.hpp>
-#include <collx/device/ipc.hpp>
+#include <collx/features/device_ipc.hpp>
 #include <collx/device/plan.hpp>
 
 #include <map>
@@ -158,13 +158,13 @@ struct memfd_backend {
   const char* kind_name() const noexcept { return mode == dipc::handle_kind::fd ? "memfd, descriptors" : "memfd, /proc paths"; }
 };
 
-/// Ranks as processes walking device plans on the host in memory process_group maps.
+/// Ranks as processes walking device plans on the host in memory peer_group maps.
 class ipc_planned {
  public:
   using transport_concept = collx::transport_tag;
   using memory_space = collx::host_memory;
   static constexpr const char* name = "ipc-planned";
-  using group = dipc::process_group<memfd_backend>;
+  using group = dipc::peer_group<memfd_backend>;
 
   explicit ipc_planned(collx::communicator<collx::transport::any> boot, memfd_backend be = {},
                        std::chrono::nanoseconds timeout = std::chrono::seconds(20))

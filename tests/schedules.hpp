@@ -3,7 +3,7 @@
 // tests can check them against each other (matching), against themselves (hazards) and against
 // cost formulas.
 #include <collx/collx.hpp>
-#include <collx/model.hpp>
+#include <collx/algo/model.hpp>
 
 #include <string>
 #include <vector>

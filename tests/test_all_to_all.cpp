@@ -127,3 +127,72 @@ TEST_CASE("send and recv carry a pipeline's activations rank to rank", "[p2p]") 
     CHECK(f.first() == "");
   }
 }
+
+// Every collective goes through its communicator's schedule cache (issue 34): a call of a shape
+// seen before builds no schedule. (all_to_all built a pairwise schedule on every call, and
+// gather, scatter and barrier theirs.)
+TEST_CASE("every collective's schedule is cached: the same shape again builds nothing", "[all_to_all][gather][scatter][barrier]") {
+  for (int n : {1, 3, 5}) {
+    CAPTURE(n);
+    failures f(n);
+    collx::launch_threads(n, [&](auto& comm) {
+      const int r = comm.rank();
+      const auto un = std::size_t(n);
+      const std::size_t k = 7;
+      std::vector<std::int64_t> in(k * un), out(k * un), want(k * un), mine(k), all(k * un), back(k);
+      for (int j = 0; j < n; ++j)
+        for (std::size_t i = 0; i < k; ++i) {
+          in[std::size_t(j) * k + i] = a2a_value(r, j, i);
+          want[std::size_t(j) * k + i] = a2a_value(j, r, i);
+        }
+      for (std::size_t i = 0; i < k; ++i) mine[i] = a2a_value(r, 0, i);
+      std::vector<std::int64_t> bc(k, r == 0 ? 42 : 0);
+      auto round = [&] {
+        collx::all_to_all(comm, std::span<const std::int64_t>{in}, std::span{out}, collx::algo::pairwise{});
+        f.note(r, compare(out, want));
+        collx::all_to_all(comm, std::span<const std::int64_t>{in}, std::span{out});
+        f.note(r, compare(out, want));
+        collx::gather(comm, std::span<const std::int64_t>{mine}, std::span{all}, n - 1, collx::algo::automatic{});
+        collx::scatter(comm, std::span<const std::int64_t>{all}, std::span{back}, n - 1);
+        f.note(r, compare(back, mine));
+        collx::barrier(comm, collx::algo::automatic{});
+        collx::broadcast(comm, std::span{bc}, 0);
+        collx::all_gather(comm, std::span<const std::int64_t>{mine}, std::span{all});
+      };
+      round();
+      const auto misses = comm.schedules().misses(), hits = comm.schedules().hits();
+      round();
+      if (comm.schedules().misses() != misses)
+        f.note(r, "the second round built " + std::to_string(comm.schedules().misses() - misses) + " schedule(s)");
+      if (n > 1 && comm.schedules().hits() < hits + 6)
+        f.note(r, "the second round took " + std::to_string(comm.schedules().hits() - hits) + " schedules from the cache, not 6 or more");
+    });
+    CHECK(f.first() == "");
+  }
+}
+
+TEST_CASE("async recv_any: the work says which rank sent", "[p2p][async]") {
+  for (int n : {2, 3, 5}) {
+    CAPTURE(n);
+    failures f(n);
+    collx::launch_threads(n, [&](auto& comm) {
+      const int r = comm.rank();
+      std::vector<int> m(3);
+      if (r == 0) {
+        std::vector<bool> seen(std::size_t(n), false);
+        for (int i = 1; i < n; ++i) {
+          int src = -1;
+          collx::work w = collx::async::recv_any(comm, std::span{m}, &src);
+          w.wait();
+          if (src <= 0 || src >= n || seen[std::size_t(src)]) f.note(r, "recv_any said " + std::to_string(src));
+          else seen[std::size_t(src)] = true;
+          if (m != std::vector<int>{src, src * 2, src * 3}) f.note(r, "the message is not rank " + std::to_string(src) + "'s");
+        }
+      } else {
+        std::vector<int> mine{r, r * 2, r * 3};
+        collx::send(comm, std::span<const int>{mine}, 0);
+      }
+    });
+    CHECK(f.first() == "");
+  }
+}

@@ -1,4 +1,4 @@
-// Nonblocking calls (async.hpp), fused batches (fuse.hpp) and gradient buckets (buckets.hpp):
+// Nonblocking calls (features/async.hpp), fused batches (features/fuse.hpp) and gradient buckets (features/buckets.hpp):
 // results against the serial reference, order, progress while the caller computes, and errors
 // that reach wait() as blocking calls report them.
 #include <catch2/catch.hpp>
@@ -706,7 +706,7 @@ TEST_CASE("a fused batch gives exactly what the separate calls give", "[fuse]") 
 }
 
 /// A transport that moves no spread operands (as transport::cuda): a fused batch packs its
-/// all-reduces into a pack buffer and back (fuse.hpp), which no host transport otherwise takes.
+/// all-reduces into a pack buffer and back (features/fuse.hpp), which no host transport otherwise takes.
 template <class T>
 struct packs_only : T {
   explicit packs_only(T t) : T(std::move(t)) {}

@@ -1,5 +1,5 @@
-// Every environment variable collx reads is listed once (collx::env::variables, env.hpp) and in
-// the README's table, is read through env.hpp's one reader, and a value that does not parse is an
+// Every environment variable collx reads is listed once (collx::env::variables, core/settings.hpp) and in
+// the README's table, is read through core/settings.hpp's one reader, and a value that does not parse is an
 // error naming the variable, never a silent default.
 #include <catch2/catch.hpp>
 

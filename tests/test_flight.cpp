@@ -1,4 +1,4 @@
-// The flight recorder (flight.hpp): what it records of every call, over threads, shared memory
+// The flight recorder (comm/flight.hpp): what it records of every call, over threads, shared memory
 // and tcp; its capacity; failed calls and their dumps; and the straggler accounting (the rank
 // made late on purpose is the one blamed, in a ring where everyone waits on someone).
 #include <catch2/catch.hpp>
@@ -448,7 +448,7 @@ TEST_CASE("COLLX_DEBUG: communicators made, automatic's choices once per shape, 
 
 TEMPLATE_TEST_CASE("desync report: a timeout says where every rank of the communicator is", "[flight][desync]", threads, processes,
                    processes_tcp) {
-  // Over tcp the positions are asked of the ranks (tcp/positions.hpp), and a rank busy in its
+  // Over tcp the positions are asked of the ranks (tcp/desync.hpp), and a rank busy in its
   // own code answers too (its process's answering thread): the report is the same.
   const scoped_env t("COLLX_TIMEOUT_S", "0.4");
   for (int n : {3, 5}) {

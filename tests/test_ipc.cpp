@@ -1,7 +1,7 @@
-// Ranks as processes for device plans, without a GPU (device/ipc.hpp, tests/ipc_host.hpp): the
+// Ranks as processes for device plans, without a GPU (features/device_ipc.hpp, tests/ipc_host.hpp): the
 // descriptors passed over the ranks' Unix sockets, the rule for what a peer keeps mapped, and
 // every collective x policy x N over real processes whose plans are walked on the host in the
-// memory process_group maps: posted addresses are (buffer, offset) pairs each receiver looks up
+// memory peer_group maps: posted addresses are (buffer, offset) pairs each receiver looks up
 // in the table the call's exchange filled. What cuda::transport's process-ranks run, but the
 // kernel and the CUDA calls.
 #include <catch2/catch.hpp>

@@ -1,11 +1,11 @@
-// The cost model (collx/model.hpp) against real runs: for every policy, collective and N <= 16,
+// The cost model (collx/algo/model.hpp) against real runs: for every policy, collective and N <= 16,
 // the per-rank counts the model reads off the schedules equal what transport::counting records
 // while the collective runs; the textbook costs come out of the model's walk; and the model's
 // choice follows from its parameters.
 #include <catch2/catch.hpp>
 
-#include <collx/calibration.hpp>
-#include <collx/model.hpp>
+#include <collx/algo/calibration.hpp>
+#include <collx/algo/model.hpp>
 
 #include <atomic>
 #include <cstdio>

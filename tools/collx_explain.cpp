@@ -27,9 +27,9 @@
 //
 // The tool also checks that every send meets a receive of the same size at the same step on its
 // peer, and exits non-zero if one does not (so it doubles as a test).
-#include <collx/calibration.hpp>
+#include <collx/algo/calibration.hpp>
 #include <collx/collx.hpp>
-#include <collx/model.hpp>
+#include <collx/algo/model.hpp>
 
 #include <chrono>
 

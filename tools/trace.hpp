@@ -1,6 +1,6 @@
 #pragma once
 // What collx-trace (collx_trace.cpp) makes of a job's flight-recorder dumps: one
-// collx-rank<R>.json per job rank (include/collx/flight.hpp writes them), read back, lined up
+// collx-rank<R>.json per job rank (include/collx/comm/flight.hpp writes them), read back, lined up
 // communicator by communicator, and told as
 //   - where each rank is: its last call on each communicator, and which ranks are behind (the
 //     lowest sequence number; a rank with no dump at all is named too);
@@ -23,7 +23,7 @@
 #include <string_view>
 #include <vector>
 
-#include <collx/flight.hpp>
+#include <collx/comm/flight.hpp>
 
 namespace collx_trace {
 

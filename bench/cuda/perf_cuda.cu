@@ -13,7 +13,7 @@
 // flags, 3 when a call fails, 77 when there is no CUDA device.
 #include <collx/collx.hpp>
 #include <collx/cuda/transport.cuh>
-#include <collx/model.hpp>
+#include <collx/algo/model.hpp>
 
 #include <atomic>
 #include <cstdio>

@@ -2,7 +2,7 @@
 //
 // Every rank holds the whole model and trains on its own shard of each batch. Backward produces
 // the gradients last layer first; as soon as a bucket of them is complete its all_reduce (avg)
-// starts, while backward goes on with the layers below (collx::bucket_reducer, buckets.hpp).
+// starts, while backward goes on with the layers below (collx::bucket_reducer, features/buckets.hpp).
 // After the last bucket, every rank has the gradient of the whole batch and takes the same step.
 //
 //   ddp [-np N] [--transport threads|shm|tcp] [--steps S] [--batch B] [--width W] [--depth D]

@@ -5,7 +5,7 @@
 // why and exits 77, which ctest counts as skipped.
 //
 //   test_cuda [--quick]      (--quick: N = 2 only, for a development loop)
-#include <collx/async.hpp>
+#include <collx/features/async.hpp>
 #include <collx/collx.hpp>
 #include <collx/cuda/transport.cuh>
 

@@ -10,7 +10,7 @@
 // killed mid-job. Without a CUDA device it says why and exits 77.
 //
 //   test_cuda_ipc [--quick]      (--quick: ring and automatic only)
-#include <collx/async.hpp>
+#include <collx/features/async.hpp>
 #include <collx/collx.hpp>
 #include <collx/cuda/transport.cuh>
 

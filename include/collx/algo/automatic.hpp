@@ -1,7 +1,7 @@
 #pragma once
 // algo::automatic — picks a policy per call: the one with the least time predicted by the cost
-// model (model.hpp), from the collective, the rank count, the message size, the element size,
-// whether the op is commutative, and α, β, γ for the transport (calibration.hpp).
+// model (algo/model.hpp), from the collective, the rank count, the message size, the element size,
+// whether the op is commutative, and α, β, γ for the transport (algo/calibration.hpp).
 //
 // Every rank must choose alike, so at a communicator's first automatic call rank 0's parameters
 // and its COLLX_ALGO reach every rank in one small broadcast (a job whose hosts have different
@@ -19,7 +19,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "../concepts.hpp"
+#include "../core/concepts.hpp"
+#include "collectives.hpp"
 
 namespace collx::algo {
 
@@ -27,8 +28,6 @@ struct automatic {
   using algorithm_policy_concept = algorithm_policy_tag;
   static constexpr const char* name = "automatic";
 };
-
-enum class collective { all_reduce, reduce_scatter, all_gather, broadcast, reduce, all_to_all };
 
 /// A concrete policy: its place in algo::policies (algo/policies.hpp), where the list is.
 enum class choice : std::int8_t {};

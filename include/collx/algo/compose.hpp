@@ -1,15 +1,15 @@
 #pragma once
 // all_reduce composed from a policy's reduce_scatter and all_gather: literally the one, then the
 // other, over the same blocks. The collective runs it (collectives/all_reduce.hpp) and the model
-// analyses it (model.hpp) from this one builder.
+// analyses it (algo/model.hpp) from this one builder.
 //
 // A large buffer goes in segments (tuning::all_reduce_segment): each segment's reduce-scatter,
 // then its all-gather, so the all-gather reads blocks that are still in cache.
 #include <algorithm>
 #include <cstddef>
 
-#include "../partition.hpp"
-#include "../schedule.hpp"
+#include "../core/partition.hpp"
+#include "../core/schedule.hpp"
 #include "problem.hpp"
 #include "tuning.hpp"
 

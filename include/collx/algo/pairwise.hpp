@@ -17,7 +17,7 @@
 #include <cstddef>
 #include <span>
 
-#include "../concepts.hpp"
+#include "../core/concepts.hpp"
 #include "problem.hpp"
 #include "profile.hpp"
 #include "tuning.hpp"

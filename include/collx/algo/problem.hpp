@@ -1,10 +1,10 @@
 #pragma once
 // The problems a policy turns into schedules. Each names, for one rank, the sizes, the layout of
-// the blocks (partition.hpp) and which buffer holds what; a policy reads nothing else.
+// the blocks (core/partition.hpp) and which buffer holds what; a policy reads nothing else.
 #include <cstddef>
 
-#include "../partition.hpp"
-#include "../schedule.hpp"
+#include "../core/partition.hpp"
+#include "../core/schedule.hpp"
 #include "tuning.hpp"
 
 namespace collx::algo {

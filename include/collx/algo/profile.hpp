@@ -1,6 +1,6 @@
 #pragma once
 // The load of a schedule on the common timeline, step by step, over all ranks at once: what the
-// cost model (model.hpp) charges. For each step (steps of all ranks with equal time run
+// cost model (algo/model.hpp) charges. For each step (steps of all ranks with equal time run
 // together):
 //   active   the ranks with a message in it,
 //   bytes    the most bytes one rank sends or receives in it,
@@ -8,7 +8,7 @@
 //   reduced  the most bytes one rank reduces in it,
 // kept as runs of equal steps (`repeat`), so that a ring's 2(N-1) identical steps are one entry.
 //
-// The model gets a profile by walking every rank's schedule (model.hpp, walk), or, for the
+// The model gets a profile by walking every rank's schedule (algo/model.hpp, walk), or, for the
 // policies and collectives where that walk is O(N²) (every rank of a ring has N-1 steps), from
 // the policy's own structure: a policy may supply `<collective>_loads(problem)`, which must
 // give exactly what the walk gives (tests/test_model.cpp checks every such function against it,
@@ -19,8 +19,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "../schedule.hpp"
+#include "../core/schedule.hpp"
 #include "automatic.hpp"
+#include "collectives.hpp"
 
 namespace collx::algo {
 
@@ -121,7 +122,7 @@ struct step_curve {
 /// with the size, a step whose buffers left the cache — is then measured rather than guessed,
 /// as NCCL keeps a latency and bandwidth per algorithm and protocol. Trivially copyable.
 struct policy_fit {
-  static constexpr int kSizes = 24, kCollectives = 6, kPolicies = 8;  // room for algo::policies
+  static constexpr int kSizes = 24, kCollectives = int(algo::kCollectives), kPolicies = 8;  // room for algo::policies
   std::int32_t nsizes = 0;
   double bytes[kSizes] = {};
   float factor[kCollectives][kPolicies][kSizes] = {};  // 0: not measured

@@ -13,7 +13,7 @@
 // Other N fold as in recursive_halving.hpp: the first 2(N - p) ranks pair up before (even
 // gives to odd) and after (odd gives back), two extra steps. Partners always hold adjacent rank
 // ranges, the lower on the left, so a non-commutative op gets the rank-ordered result.
-#include "../concepts.hpp"
+#include "../core/concepts.hpp"
 #include "problem.hpp"
 #include "recursive_halving.hpp"
 

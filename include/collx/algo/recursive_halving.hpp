@@ -26,7 +26,7 @@
 // of log2 N·D. Reduce is the halving reduce-scatter followed by a gather of the blocks at the root.
 #include <cstddef>
 
-#include "../concepts.hpp"
+#include "../core/concepts.hpp"
 #include "binomial.hpp"
 #include "problem.hpp"
 

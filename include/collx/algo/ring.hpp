@@ -2,7 +2,7 @@
 // algo::ring — the bandwidth-optimal policy.
 //
 // Ranks sit on a ring: rank r sends to r+1 and receives from r-1 (mod N). The buffer of D bytes
-// is split into N blocks (partition.hpp), D/N bytes each.
+// is split into N blocks (core/partition.hpp), D/N bytes each.
 //
 // Reduce-scatter, N-1 steps. At step s rank r sends its partial sum of block (r-1-s) to r+1 and
 // receives the partial of block (r-2-s) from r-1, which it combines with its own copy of that
@@ -27,7 +27,7 @@
 // reducing collectives refuse it at compile time (use tree or recursive_halving).
 #include <cstddef>
 
-#include "../concepts.hpp"
+#include "../core/concepts.hpp"
 #include "problem.hpp"
 #include "profile.hpp"
 #include "tuning.hpp"

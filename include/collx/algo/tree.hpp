@@ -30,7 +30,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "../concepts.hpp"
+#include "../core/concepts.hpp"
 #include "binomial.hpp"
 #include "problem.hpp"
 #include "profile.hpp"

@@ -34,7 +34,7 @@ void all_gather(communicator<T>& comm, std::span<const std::type_identity_t<E>> 
   const bool in_place = !in.empty() && in.data() == out.data() + std::size_t(comm.rank()) * in.size();
   COLLX_REQUIRE(in_place || !detail::partially_overlap(in, out), comm, call,
                   "the input and output overlap (in place, the input is this rank's block of the output)");
-  detail::with_policy<ops::sum, algo::collective::all_gather, E>(a, comm, in.size(), call,
+  detail::with_policy<no_op, algo::collective::all_gather, E>(a, comm, in.size(), call,
                                 [&](const auto& pol) {
                                   detail::all_gather_blocks(comm, call, in.data(), out.data(),
                                                             partition(out.size(), comm.size()), in_place, pol);

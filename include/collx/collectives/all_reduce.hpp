@@ -10,7 +10,7 @@
 namespace collx {
 
 namespace detail {
-/// Over two pointers (flat_buffers) or a fused batch's pieces (spread_buffers: fuse.hpp).
+/// Over two pointers (flat_buffers) or a fused batch's pieces (spread_buffers: features/fuse.hpp).
 template <class T, class E, class Op, class Algo, class Bufs>
 void all_reduce_impl(communicator<T>& comm, call_info& call, const Bufs& b, std::size_t count, Op op, Algo a) {
   const buf src = b.in_place() ? buf::out : buf::in;

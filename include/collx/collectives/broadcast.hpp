@@ -12,7 +12,7 @@ void broadcast(communicator<T>& comm, std::span<E> buf, int root, Algo a = {}) {
   auto call = detail::make_call<E, no_op>(comm, "broadcast", Algo::name, buf.size(), root);
   COLLX_REQUIRE(root >= 0 && root < comm.size(), comm, call,
                   "root " + std::to_string(root) + " is out of range [0, " + std::to_string(comm.size()) + ")");
-  detail::with_policy<ops::sum, algo::collective::broadcast, E>(a, comm, buf.size(), call, [&](const auto& pol) {
+  detail::with_policy<no_op, algo::collective::broadcast, E>(a, comm, buf.size(), call, [&](const auto& pol) {
     static_assert(requires(const algo::bcast_problem& p) { pol.broadcast(p); },
                   "collx: this policy has no broadcast schedule (ring, tree and recursive_halving have one)");
     const algo::bcast_problem p{comm.rank(), comm.size(), root, buf.size(), sizeof(E)};

@@ -13,9 +13,9 @@
 #include "../algo/automatic.hpp"
 #include "../algo/policies.hpp"
 #include "../algo/binomial.hpp"
-#include "../calibration.hpp"
-#include "../executor.hpp"
-#include "../model.hpp"
+#include "../algo/calibration.hpp"
+#include "executor.hpp"
+#include "../algo/model.hpp"
 
 namespace collx::detail {
 
@@ -55,7 +55,11 @@ constexpr bool check_reducing() {
 /// kUnset. Throws errc::invalid_argument naming what is wrong.
 struct algo_override {
   static constexpr std::int8_t kUnset = -1, kModel = -2;
-  std::array<std::int8_t, 6> per{-1, -1, -1, -1, -1, -1};
+  std::array<std::int8_t, algo::kCollectives> per = [] {
+    std::array<std::int8_t, algo::kCollectives> a{};
+    a.fill(kUnset);
+    return a;
+  }();
   std::int8_t all = -1;
 };
 
@@ -111,7 +115,7 @@ void automatic_setup(communicator<T>& comm) {
   if (st.ready) return;
   struct blob {
     typename communicator<T>::automatic_state::numbers n;
-    std::int8_t per[6];
+    std::int8_t per[algo::kCollectives];
     std::int8_t all;
     char source[256];
   } b{};
@@ -228,7 +232,17 @@ void with_policy(const Algo& a, communicator<T>& comm, std::size_t count, call_i
       }
     });
     if (ran) return;
-    run(algo::recursive_halving{});
+    if constexpr (model::supports<algo::recursive_halving>(C, commutative)) {
+      run(algo::recursive_halving{});
+    } else {  // (all_to_all: pairwise, the one policy that has its schedule)
+      algo::for_each_policy([&]<class P>() {
+        if constexpr (model::supports<P>(C, commutative))
+          if (!ran) {
+            ran = true;
+            run(P{});
+          }
+      });
+    }
   } else {
     f(a);
   }

@@ -89,7 +89,7 @@ int recv_any(communicator<T>& comm, std::span<E> data, std::span<const int> from
   try {
     src = comm.transport().probe(std::span<const int>(peers), call);
   } catch (const std::exception& e) {
-    comm.transport().abort(e.what());  // as a failed step does (executor.hpp)
+    comm.transport().abort(e.what());  // as a failed step does (collectives/executor.hpp)
     throw;
   }
   schedule s;
@@ -98,21 +98,21 @@ int recv_any(communicator<T>& comm, std::span<E> data, std::span<const int> from
   return src;
 }
 
-/// Sends `out` to rank `dst` and receives `in` from rank `src` in one step (both at once, so
-/// two ranks may sendrecv with each other, or a ring of ranks pass data along, without waiting
-/// for one another). `dst` and `src` may be the same rank; `out` and `in` must not overlap.
+/// Sends `send` to rank `dst` and receives into `recv` from rank `src` in one step (both at
+/// once, so two ranks may sendrecv with each other, or a ring of ranks pass data along, without
+/// waiting for one another). `dst` and `src` may be the same rank; the buffers must not overlap.
 template <class T, class E>
-void sendrecv(communicator<T>& comm, std::span<const std::type_identity_t<E>> out, int dst, std::span<E> in, int src) {
+void sendrecv(communicator<T>& comm, std::span<const std::type_identity_t<E>> send, int dst, std::span<E> recv, int src) {
   const detail::call_queue::turn turn(detail::queue_of(comm, "send/recv"), "send/recv");
   const call_info call = detail::p2p_call<E>(comm);
   detail::check_peer(comm, call, dst, "sendrecv");
   detail::check_peer(comm, call, src, "sendrecv");
-  COLLX_REQUIRE(!detail::partially_overlap(out, in) && !(out.data() == in.data() && !in.empty()), comm, call,
+  COLLX_REQUIRE(!detail::partially_overlap(send, recv) && !(send.data() == recv.data() && !recv.empty()), comm, call,
                 "sendrecv: the buffer sent and the buffer received into overlap");
   schedule s;
-  s.send(dst, {buf::in, 0, out.size()});
-  s.recv(src, {buf::out, 0, in.size()});
-  detail::execute(comm, call, s, out.data(), in.data(), no_op{});
+  s.send(dst, {buf::in, 0, send.size()});
+  s.recv(src, {buf::out, 0, recv.size()});
+  detail::execute(comm, call, s, send.data(), recv.data(), no_op{});
 }
 
 }  // namespace collx

@@ -1,5 +1,5 @@
 #pragma once
-// Device memory between processes: the memory backend of device/ipc.hpp's process_group for
+// Device memory between processes: the memory backend of features/device_ipc.hpp's peer_group for
 // cuda::transport's process-ranks.
 //
 // Two ways, as NCCL has them:
@@ -12,7 +12,7 @@
 // A user's buffer is mapped the way its allocation allows: a VMM mapping whose allocation was
 // made exportable as a descriptor (PyTorch's expandable segments are), or cudaMalloc memory
 // through its cudaIpc handle; anything else (a stream-ordered pool's memory, managed memory) is
-// staged through the transport's own memory (device/ipc.hpp: stage_buffers), one more pass over
+// staged through the transport's own memory (features/device_ipc.hpp: stage_buffers), one more pass over
 // HBM each way. Allocations are told apart by the driver's ids (a freed buffer's address handed
 // out again is another allocation), and a peer keeps the last kMappedPerPeer of a rank mapped.
 //
@@ -32,9 +32,9 @@
 #include <mutex>
 #include <string>
 
-#include "../device/ipc.hpp"
-#include "../env.hpp"
-#include "../error.hpp"
+#include "../features/device_ipc.hpp"
+#include "../core/settings.hpp"
+#include "../core/error.hpp"
 
 namespace collx::cuda {
 
@@ -122,7 +122,7 @@ inline ipc_mode ipc_mode_from_env() {
   throw error(errc::invalid_argument, "COLLX_CUDA_IPC must be auto, vmm or legacy, not \"" + v + "\"");
 }
 
-/// device/ipc.hpp's memory backend for device memory (see the top).
+/// features/device_ipc.hpp's memory backend for device memory (see the top).
 class ipc_backend {
  public:
   struct owned {

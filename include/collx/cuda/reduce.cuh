@@ -27,7 +27,7 @@
 #include <type_traits>
 
 #include "../ops/ops.hpp"
-#include "../types.hpp"
+#include "../core/types.hpp"
 
 namespace collx::cuda {
 

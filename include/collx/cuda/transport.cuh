@@ -7,7 +7,7 @@
 //
 // Ranks are threads of one process, each bound to a device (several may share one: tests,
 // one-GPU machines), or processes, one device each, whose memory reaches each other through
-// device/ipc.hpp's process_group over cuda/ipc.cuh's backend (VMM descriptors or cudaIpc
+// features/device_ipc.hpp's peer_group over cuda/ipc.cuh's backend (VMM descriptors or cudaIpc
 // handles), bootstrapped over a host communicator (shm or tcp):
 //
 //   collx::cuda::launch_threads(4, [](auto& comm) {       // 4 ranks on device 0
@@ -44,17 +44,17 @@
 #include <utility>
 #include <vector>
 
-#include "../communicator.hpp"
-#include "../concepts.hpp"
-#include "../device/ipc.hpp"
+#include "../comm/communicator.hpp"
+#include "../core/concepts.hpp"
+#include "../features/device_ipc.hpp"
 #include "../device/job.hpp"
 #include "../device/plan.hpp"
-#include "../error.hpp"
-#include "../launch_processes.hpp"
-#include "../signature.hpp"
-#include "../split_plan.hpp"
+#include "../core/error.hpp"
+#include "../launch/processes.hpp"
+#include "../core/call_info.hpp"
+#include "../core/split_plan.hpp"
 #include "../transport/any.hpp"
-#include "../work.hpp"
+#include "../core/work.hpp"
 #include "ipc.cuh"
 #include "plan_kernel.cuh"
 #include "reduce.cuh"
@@ -98,7 +98,7 @@ class group_base {
   virtual bool between_processes() const noexcept { return false; }
   /// Whether the peers can map [p, p + bytes) (else it is staged). Threads share an address space.
   virtual bool exportable(const std::byte*, std::size_t) { return true; }
-  /// Processes: the call's exchange (device/ipc.hpp): every rank's signature and the buffers it
+  /// Processes: the call's exchange (features/device_ipc.hpp): every rank's signature and the buffers it
   /// posts from; fills peer_base ([rank][3]).
   virtual void exchange(const call_info&, std::byte* const (&)[4], const device::plan&, std::uint64_t*) {}
   /// Device memory of rank r's own, that its peers may read (processes: exportable; threads:
@@ -223,7 +223,7 @@ class thread_group final : public group_base {
     cudaFreeAsync(b.p, s);
     b = dev_buffer{};
   }
-  /// The group of a communicator split from this one (split_plan.hpp): every member asks for
+  /// The group of a communicator split from this one (core/split_plan.hpp): every member asks for
   /// it, the first makes it (its ranks on the devices their parent ranks are on), the last
   /// takes it out of the registry. It has its own regions and job block.
   std::shared_ptr<group_base> split(const std::shared_ptr<group_base>& self, const split_plan& p, split_offer&&) override {
@@ -333,7 +333,7 @@ class thread_group final : public group_base {
 
 // ---- processes -----------------------------------------------------------------------------
 
-/// Ranks as processes, one device each: device/ipc.hpp's process_group over device memory.
+/// Ranks as processes, one device each: features/device_ipc.hpp's peer_group over device memory.
 class process_group final : public group_base {
  public:
   /// Every rank of `boot` makes it at once (a collective call on boot), on `device`.
@@ -402,7 +402,7 @@ class process_group final : public group_base {
   }
 
  private:
-  using group = device::ipc::process_group<ipc_backend>;
+  using group = device::ipc::peer_group<ipc_backend>;
   int dev_;
   std::chrono::nanoseconds timeout_;
   int sms_ = 1;
@@ -583,11 +583,11 @@ class transport {
   transport split(const split_plan& p, split_offer&& o) const { return transport(g_->split(g_, p, std::move(o)), p.rank); }
 
   /// Device memory of at least `bytes`, kept from call to call (a fused batch packs its parts
-  /// into it: fuse.hpp).
+  /// into it: features/fuse.hpp).
   std::byte* pack_buffer(std::size_t bytes) { return grow(pack_, bytes); }
 
   /// Calls of the library's own on host memory (split's agreement, automatic's parameters)
-  /// run on a copy in this memory (executor.hpp: on_transport_memory).
+  /// run on a copy in this memory (collectives/executor.hpp: on_transport_memory).
   std::byte* host_staging(std::size_t bytes) { return grow(host_, bytes); }
   void copy_from_host(std::byte* dst, const void* src, std::size_t bytes) {
     check(cudaSetDevice(v_.device), "cudaSetDevice");
@@ -601,7 +601,7 @@ class transport {
     check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   }
 
-  /// Every part enqueued on the rank's stream, then one wait (a fused batch's packing: fuse.hpp);
+  /// Every part enqueued on the rank's stream, then one wait (a fused batch's packing: features/fuse.hpp);
   /// within a stream-ordered call, no wait: what follows on the stream comes after.
   void copy_local(std::span<const local_copy_part> parts) {
     check(cudaSetDevice(v_.device), "cudaSetDevice");
@@ -624,7 +624,7 @@ class transport {
     }
   }
 
-  /// collx::async on this transport (async.hpp): f, the blocking call, runs now, its kernels are
+  /// collx::async on this transport (features/async.hpp): f, the blocking call, runs now, its kernels are
   /// enqueued and not waited for; the work completes when the stream has passed them, and its
   /// wait() throws what their statuses say. Errors found while enqueueing (a bad argument, a
   /// mismatch found by the exchange between processes) are the work's too.
@@ -862,7 +862,7 @@ class transport {
   /// processes meanwhile), then turns its status into its outcome (c.err). `live`: the call's
   /// own call_info, while it is still in progress (its flight record is named in the error). A
   /// call whose kernel reports an error fails this rank (as an error leaving a blocking call
-  /// does: executor.hpp), so its peers stop too, and waits for their kernels.
+  /// does: collectives/executor.hpp), so its peers stop too, and waits for their kernels.
   void settle(detail::stream_call& c, const call_info* live = nullptr) noexcept {
     if (c.settled()) return;
     cudaEvent_t ev = nullptr;
@@ -1014,7 +1014,7 @@ inline int device_for_local_rank(int local_rank) {
   return local_rank % count;
 }
 
-/// A process-rank of a job started by a launcher (mpirun, srun, torchrun: environment.hpp),
+/// A process-rank of a job started by a launcher (mpirun, srun, torchrun: core/job_env.hpp),
 /// bootstrapped over shared memory (or tcp with COLLX_BOOTSTRAP=tcp), on the device of its
 /// local rank. A collective call of every rank of the job.
 inline communicator<transport> from_env(options opts = {}) {
@@ -1028,7 +1028,7 @@ inline communicator<transport> from_env(options opts = {}) {
   return communicator<transport>{transport::over(std::move(boot), device_for_local_rank(li.local_rank), opts.timeout), opts};
 }
 
-/// Forks n process-ranks (launch_processes.hpp), rank r on devices[r % size] (default: r modulo
+/// Forks n process-ranks (launch/processes.hpp), rank r on devices[r % size] (default: r modulo
 /// the devices there are), each bootstrapped over shared memory, runs f(comm) in each and
 /// reports every child's failure. The calling process must not have used CUDA before: a child
 /// of fork() cannot use a CUDA context its parent made.

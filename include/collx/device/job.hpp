@@ -10,8 +10,8 @@
 #include <string>
 #include <thread>
 
-#include "../detail/wait.hpp"
-#include "../signature.hpp"
+#include "../core/wait.hpp"
+#include "../core/call_info.hpp"
 #include "layout.hpp"
 
 namespace collx::device {

@@ -1,7 +1,7 @@
 #pragma once
 // The memory a device plan's protocol (device/plan.hpp) runs in, laid out once for every place
 // it lives: cuda::transport's thread-ranks (one process, every rank's region in device memory),
-// its process-ranks (each region exported and mapped by the peers: device/ipc.hpp), and the
+// its process-ranks (each region exported and mapped by the peers: features/device_ipc.hpp), and the
 // host interpreter the tests run across processes.
 //
 // - A rank's region: an inbox from every peer (the messages posted to this rank: it polls them),
@@ -24,7 +24,7 @@ namespace collx::device {
 inline constexpr std::uint32_t kSlots = 32;
 
 /// A message as posted: where its data is, its size, and the call's signature hash
-/// (signature.hpp), which the receiver compares with its own. `addr` is an address the receiver
+/// (core/call_info.hpp), which the receiver compares with its own. `addr` is an address the receiver
 /// can read (threads of one process), or, between processes, the buffer and offset it is at in
 /// the sender's memory (addr_of_buffer): the receiver adds where it mapped that buffer.
 struct message {

@@ -1,5 +1,5 @@
 #pragma once
-// A device plan: one rank's schedule (schedule.hpp) lowered to the flat array of operations a
+// A device plan: one rank's schedule (core/schedule.hpp) lowered to the flat array of operations a
 // kernel walks, and the walk itself (run_plan), written once for the host and the device.
 //
 // The protocol is single copy and pull-based, as between threads of one process: a sender
@@ -28,7 +28,7 @@
 #include <string>
 #include <vector>
 
-#include "../schedule.hpp"
+#include "../core/schedule.hpp"
 #include "layout.hpp"
 
 #if defined(__CUDACC__)

@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <cstring>
 
-#include "../concepts.hpp"
+#include "../core/concepts.hpp"
 
 namespace collx::ops {
 

@@ -5,8 +5,8 @@
 #include <type_traits>
 #include <utility>
 
-#include "../concepts.hpp"
-#include "../types.hpp"
+#include "../core/concepts.hpp"
+#include "../core/types.hpp"
 
 namespace collx::ops {
 

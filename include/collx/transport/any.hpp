@@ -11,10 +11,10 @@
 #include <utility>
 #include <vector>
 
-#include "../concepts.hpp"
-#include "../error.hpp"
-#include "../signature.hpp"
-#include "../split_plan.hpp"
+#include "../core/concepts.hpp"
+#include "../core/error.hpp"
+#include "../core/call_info.hpp"
+#include "../core/split_plan.hpp"
 
 namespace collx::transport {
 
@@ -41,7 +41,7 @@ class any {
   /// The transport's own name ("inproc", "shm", ...).
   const char* kind() const noexcept { return p_->kind(); }
   bool takes_pieces() const noexcept { return p_->takes_pieces(); }
-  /// The held transport's position board (the desync report: detail/flight_record.hpp), or none.
+  /// The held transport's position board (the desync report: core/flight_record.hpp), or none.
   detail::position_board positions() const noexcept { return p_->positions(); }
   split_offer prepare_split() { return p_->prepare_split(); }
   any split(const split_plan& p, split_offer&& o) const { return any(p_->split(p, std::move(o))); }

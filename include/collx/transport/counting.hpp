@@ -6,20 +6,12 @@
 #include <span>
 #include <utility>
 
-#include "../concepts.hpp"
-#include "../split_plan.hpp"
+#include "../core/concepts.hpp"
+#include "../core/traffic.hpp"
+#include "../core/split_plan.hpp"
 
 namespace collx::transport {
 
-struct traffic {
-  std::uint64_t steps = 0;              // exchange calls that moved at least one message
-  std::uint64_t messages_sent = 0;
-  std::uint64_t bytes_sent = 0;
-  std::uint64_t messages_received = 0;
-  std::uint64_t bytes_received = 0;
-  std::uint64_t bytes_reduced = 0;      // received bytes that were combined with local data
-  friend bool operator==(const traffic&, const traffic&) = default;
-};
 
 template <class T>
 class counting {

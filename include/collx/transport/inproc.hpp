@@ -10,7 +10,7 @@
 // sends and receives progress together: the loop posts every send that has room, serves every
 // receive whose message is there and collects acknowledgements, so a step may hold any number
 // of messages to one peer (more than kDepth only fills and drains the ring). When nothing can
-// move, a rank sleeps on its own doorbell (detail/wait.hpp), which every peer rings when it
+// move, a rank sleeps on its own doorbell (core/wait.hpp), which every peer rings when it
 // posts to it or acknowledges one of its messages. Ranks that fail or leave are recorded in the
 // group, and every waiter checks for them between sleeps, so a failure anywhere ends the
 // collective everywhere instead of hanging it.
@@ -27,12 +27,12 @@
 #include <string>
 #include <vector>
 
-#include "../concepts.hpp"
-#include "../detail/wait.hpp"
-#include "../error.hpp"
-#include "../signature.hpp"
-#include "../split_plan.hpp"
-#include "deliver.hpp"
+#include "../core/concepts.hpp"
+#include "../core/wait.hpp"
+#include "../core/error.hpp"
+#include "../core/call_info.hpp"
+#include "../core/split_plan.hpp"
+#include "../core/deliver.hpp"
 
 namespace collx::transport {
 
@@ -72,7 +72,7 @@ class inproc {
         : n_(n), cores_(detail::usable_cores()), channels_(std::size_t(n) * std::size_t(n)), bells_(std::size_t(n)),
           state_(std::size_t(n)), why_(std::size_t(n)), board_(std::size_t(n)), attached_(std::size_t(n), 1),
           joined_(std::size_t(n), 0) {}
-    /// Where each rank is (the desync report: detail/flight_record.hpp).
+    /// Where each rank is (the desync report: core/flight_record.hpp).
     detail::position_board positions() noexcept { return {board_.data(), sizeof(detail::position), n_}; }
     int size() const noexcept { return n_; }
     /// The cores the job's threads may use (read when the group is made, before any is pinned).
@@ -85,7 +85,7 @@ class inproc {
       if (d.sleepers.load(std::memory_order_seq_cst) != 0) detail::futex_wake_all(d.word, false);
     }
 
-    /// The group of a communicator split from this one (split_plan.hpp): every member asks for
+    /// The group of a communicator split from this one (core/split_plan.hpp): every member asks for
     /// it, the first makes it, the last takes it out of the registry. Its ranks are gone when
     /// they are gone here (a thread that left or failed the job has left every group).
     static std::shared_ptr<group> join_split(const std::shared_ptr<group>& parent, const split_plan& p) {
@@ -133,7 +133,7 @@ class inproc {
       shrink_cv_.notify_all();
     }
 
-    /// communicator::shrink over threads (split_plan.hpp): each survivor marks itself joined
+    /// communicator::shrink over threads (core/split_plan.hpp): each survivor marks itself joined
     /// and waits until every rank has joined or is gone (its transport destroyed, or it left);
     /// the first to see that, or its deadline, decides for all, and makes the new group.
     std::shared_ptr<group> shrink(int rank, const shrink_request& q, std::vector<int>& members) {
@@ -242,18 +242,18 @@ class inproc {
   }
 
   int rank() const noexcept { return rank_; }
-  /// Every rank's position (the desync report at a deadline: signature.hpp).
+  /// Every rank's position (the desync report at a deadline: core/call_info.hpp).
   detail::position_board positions() const noexcept { return g_->positions(); }
   int size() const noexcept { return g_->size(); }
   /// The group this rank belongs to (what transports standing on inproc share: planned.hpp).
   const std::shared_ptr<group>& shared_group() const noexcept { return g_; }
-  /// Buffers spread over pieces (concepts.hpp) are read and written through deliver.hpp.
+  /// Buffers spread over pieces (core/concepts.hpp) are read and written through core/deliver.hpp.
   bool takes_pieces() const noexcept { return true; }
 
-  /// Splits (split_plan.hpp): the new communicator's group is made in this process.
+  /// Splits (core/split_plan.hpp): the new communicator's group is made in this process.
   split_offer prepare_split() { return {}; }
   inproc split(const split_plan& p, split_offer&&) const { return inproc(group::join_split(g_, p), p.rank); }
-  /// communicator::shrink (split_plan.hpp): the survivors' group, made in this process.
+  /// communicator::shrink (core/split_plan.hpp): the survivors' group, made in this process.
   inproc shrink(const shrink_request& q, std::vector<int>& members) {
     std::shared_ptr<group> g = g_->shrink(rank_, q, members);
     const int me = int(std::find(members.begin(), members.end(), rank_) - members.begin());

@@ -19,13 +19,13 @@
 #include <string>
 #include <vector>
 
-#include "../concepts.hpp"
-#include "../detail/wait.hpp"
+#include "../core/concepts.hpp"
+#include "../core/wait.hpp"
 #include "../device/plan.hpp"
-#include "../error.hpp"
+#include "../core/error.hpp"
 #include "../ops/apply.hpp"
-#include "../signature.hpp"
-#include "../split_plan.hpp"
+#include "../core/call_info.hpp"
+#include "../core/split_plan.hpp"
 #include "inproc.hpp"
 
 namespace collx::transport {

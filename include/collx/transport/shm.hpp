@@ -6,7 +6,7 @@
 // cache lines, one per chunk) and its own pools of data slots and small buffers. A sender
 // copies a message in, chunk by chunk, into buffers of its pools (shm/pool.hpp), or into the
 // chunk's line when it fits; the receiver copies or reduces each chunk straight out of there
-// into its destination (transport/deliver.hpp), so a large message streams through a few
+// into its destination (core/deliver.hpp), so a large message streams through a few
 // hundred KiB that stay in cache, and the two copies cost little more memory traffic than one.
 // Messages of collectives that only move data may instead be read by the receiver straight
 // from the sender's memory (single copy, process_vm_readv: shm/config.hpp says when).
@@ -22,7 +22,7 @@
 // move does the rank wait, on its own doorbell: a futex word in shared memory that every peer
 // bumps when it fills or frees a line of a channel to or from this rank. The futex is the
 // process-shared kind (no FUTEX_PRIVATE_FLAG). Waiting spins briefly, then yields, then sleeps
-// (detail/wait.hpp).
+// (core/wait.hpp).
 //
 // Liveness. Each rank's process holds a robust mutex for as long as it is attached, from a
 // thread of its own (shm/liveness.hpp), so whichever thread made or uses the transport, a rank
@@ -58,14 +58,14 @@
 #include <thread>
 #include <vector>
 
-#include "../communicator.hpp"
-#include "../concepts.hpp"
-#include "../detail/wait.hpp"
-#include "../environment.hpp"
-#include "../error.hpp"
-#include "../signature.hpp"
-#include "../split_plan.hpp"
-#include "deliver.hpp"
+#include "../core/options.hpp"
+#include "../core/concepts.hpp"
+#include "../core/wait.hpp"
+#include "../core/job_env.hpp"
+#include "../core/error.hpp"
+#include "../core/call_info.hpp"
+#include "../core/split_plan.hpp"
+#include "../core/deliver.hpp"
 #include "shm/config.hpp"
 #include "shm/layout.hpp"
 #include "shm/liveness.hpp"
@@ -146,7 +146,7 @@ class shm {
 
  public:
 
-  /// Rank, size and job from the launcher's environment (environment.hpp).
+  /// Rank, size and job from the launcher's environment (core/job_env.hpp).
   static shm from_env(config cfg = {}) {
     const launch_info li = launch_info_from_env();
     return shm(li.job, li.rank, li.size, cfg);
@@ -159,7 +159,7 @@ class shm {
     return s;
   }
 
-  /// Splits (split_plan.hpp): the new communicator's segment, of its size, named after this
+  /// Splits (core/split_plan.hpp): the new communicator's segment, of its size, named after this
   /// one's and the split's id, made as a job's is (its rank 0 creates it, the others join).
   split_offer prepare_split() { return {}; }
   shm split(const split_plan& p, split_offer&&) const {
@@ -167,7 +167,7 @@ class shm {
     return shm(name_.substr(std::strlen("/collx-")) + "." + p.id, p.rank, p.size, cfg_, &from);
   }
 
-  /// communicator::shrink (split_plan.hpp), through this segment, which a failure leaves
+  /// communicator::shrink (core/split_plan.hpp), through this segment, which a failure leaves
   /// mapped: each survivor marks itself joined (rank_ctl::shrink_joined) and waits until every
   /// rank has joined or its process is gone (its liveness mutex is free); the first to see that,
   /// or its deadline, takes the header's shrink_lock and writes every rank's verdict, and a
@@ -234,12 +234,12 @@ class shm {
   ~shm() { release(); }
 
   int rank() const noexcept { return rank_; }
-  /// Every rank's position, in its rank_ctl (the desync report at a deadline: signature.hpp).
+  /// Every rank's position, in its rank_ctl (the desync report at a deadline: core/call_info.hpp).
   detail::position_board positions() const noexcept {
     return base_ == nullptr ? detail::position_board{} : detail::position_board{&rc(0).pos, sizeof(shm_layout::rank_ctl), n_};
   }
   int size() const noexcept { return n_; }
-  /// Buffers spread over pieces (concepts.hpp) are read and written through deliver.hpp.
+  /// Buffers spread over pieces (core/concepts.hpp) are read and written through core/deliver.hpp.
   bool takes_pieces() const noexcept { return true; }
   const std::string& segment() const noexcept { return name_; }
   /// Bytes of the segment this job reserved.

@@ -19,12 +19,12 @@
 
 #include <sys/socket.h>
 
-#include "../concepts.hpp"
-#include "../environment.hpp"
-#include "../error.hpp"
-#include "../split_plan.hpp"
+#include "../core/concepts.hpp"
+#include "../core/job_env.hpp"
+#include "../core/error.hpp"
+#include "../core/split_plan.hpp"
 #include "tcp/config.hpp"
-#include "tcp/positions.hpp"
+#include "tcp/desync.hpp"
 #include "tcp/rendezvous.hpp"
 #include "tcp/shrink.hpp"
 #include "tcp/socket.hpp"
@@ -58,7 +58,7 @@ class tcp {
     observe_positions(std::move(r.early()));
   }
 
-  /// Before a split (split_plan.hpp): a socket the new communicator's peers connect to, on the
+  /// Before a split (core/split_plan.hpp): a socket the new communicator's peers connect to, on the
   /// address this rank's connections use; the offer carries it as "host:port".
   split_offer prepare_split() {
     split_offer o;
@@ -105,7 +105,7 @@ class tcp {
     return t;
   }
 
-  /// communicator::shrink (split_plan.hpp): the survivors meet through the sockets each rank
+  /// communicator::shrink (core/split_plan.hpp): the survivors meet through the sockets each rank
   /// keeps listening on and agree on who they are (tcp/shrink.hpp); their connections there
   /// become the new communicator's.
   tcp shrink(const shrink_request& q, std::vector<int>& members) {
@@ -135,7 +135,7 @@ class tcp {
     return t;
   }
 
-  /// Rank, size, job and MASTER_ADDR/MASTER_PORT from the launcher's environment (environment.hpp).
+  /// Rank, size, job and MASTER_ADDR/MASTER_PORT from the launcher's environment (core/job_env.hpp).
   static tcp from_env(config cfg = {}) {
     const launch_info li = launch_info_from_env();
     if (cfg.master_addr.empty()) cfg.master_addr = li.master_addr;
@@ -177,12 +177,12 @@ class tcp {
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return n_; }
-  /// Buffers spread over pieces (concepts.hpp) are read and written through deliver.hpp.
+  /// Buffers spread over pieces (core/concepts.hpp) are read and written through core/deliver.hpp.
   bool takes_pieces() const noexcept { return true; }
   /// Where peer p is (host:port), for messages and tests.
   std::string peer_address(int p) const { return net_.where(p); }
-  /// The desync report's board (signature.hpp, call_info::positions): this rank's position,
-  /// and its peers' once a timeout has asked them (tcp/positions.hpp).
+  /// The desync report's board (core/call_info.hpp, call_info::positions): this rank's position,
+  /// and its peers' once a timeout has asked them (tcp/desync.hpp).
   detail::position_board positions() const noexcept {
     return board_ ? detail::position_board{board_.get(), sizeof(detail::position), n_} : detail::position_board{};
   }
@@ -203,7 +203,7 @@ class tcp {
 
  private:
   tcp() = default;
-  /// The board, and this communicator's query point on its listener (tcp/positions.hpp).
+  /// The board, and this communicator's query point on its listener (tcp/desync.hpp).
   void observe_positions(std::vector<net::fd> early = {}) {
     board_ = std::make_unique<detail::position[]>(std::size_t(n_));
     if (!listener_) return;

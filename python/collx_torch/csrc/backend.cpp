@@ -94,7 +94,7 @@ c10::intrusive_ptr<c10::ivalue::Future> make_future() {
 // ---- where the backend blocks, and why none of it can deadlock --------------------------------
 //
 // Two kinds of lock meet here: Python's GIL, and collx's own (a communicator's turn to run calls,
-// exec_, and the gate that keeps a call's continuations in order: detail/call_queue.hpp). A
+// exec_, and the gate that keeps a call's continuations in order: comm/call_queue.hpp). A
 // deadlock needs a thread holding one while it waits for the other, and a thread doing the
 // converse. collx never holds its locks while user code runs: a call's continuation (here, the
 // one that completes its torch future, which runs DDP's and PowerSGD's Python callbacks) and
@@ -190,7 +190,7 @@ class CollxWork final : public c10d::Work {
 };
 
 /// The continuation that completes a call's future (and so runs its callbacks: DDP's, a comm
-/// hook's, PowerSGD's): after the call, with no lock of collx's held (call_queue.hpp).
+/// hook's, PowerSGD's): after the call, with no lock of collx's held (comm/call_queue.hpp).
 struct complete_future {
   c10::intrusive_ptr<c10::ivalue::Future> fut;
   std::vector<at::Tensor> outputs;

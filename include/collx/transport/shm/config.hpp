@@ -5,8 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "../../communicator.hpp"
-#include "../../env.hpp"
+#include "../../core/options.hpp"
+#include "../../core/settings.hpp"
 
 namespace collx::transport {
 

@@ -26,8 +26,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "../../detail/wait.hpp"
-#include "../../signature.hpp"
+#include "../../core/wait.hpp"
+#include "../../core/call_info.hpp"
 #include "config.hpp"
 
 namespace collx::transport::shm_layout {
@@ -90,7 +90,7 @@ struct alignas(64) rank_ctl {
   char why[512];
   std::uint32_t sig_count;  // signatures published so far (only the rank writes it)
   call_signature sigs[kSigRing];
-  detail::position pos;  // where the rank is, for a peer's desync report (detail/flight_record.hpp)
+  detail::position pos;  // where the rank is, for a peer's desync report (core/flight_record.hpp)
   std::atomic<std::uint32_t> shrink_joined;  // the last shrink epoch this rank joined
   std::atomic<std::uint32_t> shrink_in;      // the epoch of the last shrink that kept it (the decider writes it)
 };

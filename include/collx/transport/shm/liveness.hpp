@@ -19,7 +19,7 @@
 #include <string>
 #include <thread>
 
-#include "../../error.hpp"
+#include "../../core/error.hpp"
 
 namespace collx::transport::shm_detail {
 

@@ -32,7 +32,7 @@
 #include <string>
 #include <vector>
 
-#include "../../error.hpp"
+#include "../../core/error.hpp"
 #include "config.hpp"
 #include "socket.hpp"
 #include "store.hpp"
@@ -250,7 +250,7 @@ class rendezvous {
   /// The job's token (after run()): a communicator split from this one admits its peers with it.
   const std::string& token() const noexcept { return token_; }
 
-  /// A communicator split from a connected one (split_plan.hpp): no store, the members'
+  /// A communicator split from a connected one (core/split_plan.hpp): no store, the members'
   /// addresses came in the split's all_gather, and `listener` is the socket this rank offered.
   /// `parent`: the members' ranks in the communicator split from (messages name both).
   /// `watch`: this rank's connection to each member in the communicator split from (-1: none):
@@ -468,7 +468,7 @@ class rendezvous {
   /// How long a member that closed its connection here is given to say why on its connection
   /// in the communicator split from (member_failure).
   static constexpr std::chrono::milliseconds kFailureWait{200};
-  /// As many as the communicator's listener sets aside (tcp/positions.hpp, max_parked).
+  /// As many as the communicator's listener sets aside (tcp/desync.hpp, max_parked).
   std::size_t max_early() const noexcept { return std::size_t(4 * n_ + 16); }
 
   void refuse(const std::string& from, const char* why) const {

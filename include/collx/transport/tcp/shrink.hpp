@@ -1,5 +1,5 @@
 #pragma once
-// communicator::shrink over transport::tcp (split_plan.hpp): the survivors of a failure find
+// communicator::shrink over transport::tcp (core/split_plan.hpp): the survivors of a failure find
 // each other and agree on who they are, with nothing but what each rank keeps for it: the
 // socket it listens on (every communicator keeps its own, and its peers know where it is), and
 // the job's token.
@@ -9,7 +9,7 @@
 // has no listener: the connection is refused (or reset, if it died with the connection
 // queued), and the rank is dead. A live rank that has not called shrink yet leaves the
 // connection in its listener's queue (or, waiting in a call, sets it aside unread:
-// tcp/positions.hpp), and answers (a verdict) once it does. So after this
+// tcp/desync.hpp), and answers (a verdict) once it does. So after this
 // phase a survivor has heard every other rank answer, or knows it dead, or has reached its
 // deadline (a rank that stopped, or never calls shrink: counted lost; a rank that said hello
 // but never answered went on without this one, which then fails). Of the two connections
@@ -35,8 +35,8 @@
 #include <string>
 #include <vector>
 
-#include "../../error.hpp"
-#include "../../split_plan.hpp"
+#include "../../core/error.hpp"
+#include "../../core/split_plan.hpp"
 #include "config.hpp"
 #include "rendezvous.hpp"
 #include "socket.hpp"

@@ -19,7 +19,7 @@
 #include <string>
 #include <utility>
 
-#include "../../error.hpp"
+#include "../../core/error.hpp"
 
 namespace collx::transport::net {
 

@@ -7,7 +7,7 @@
 // errc::mismatch and a wrong length can never overrun a buffer) followed by the payload. A
 // step's sends and receives progress together over non-blocking sockets (a ring step sends and
 // receives at once); received data lands straight in its destination, or, when it is reduced,
-// in a 64 KiB bounce buffer that is delivered (transport/deliver.hpp) as it fills. Messages to
+// in a 64 KiB bounce buffer that is delivered (core/deliver.hpp) as it fills. Messages to
 // one peer keep their order (one stream per pair).
 //
 // Synchronous sends (point to point: collectives/p2p.hpp). The sender sends a request to send
@@ -30,7 +30,7 @@
 // reason where its stream is between frames; one that leaves normally sends a farewell, so a
 // peer still waiting learns that it made fewer calls. A peer that stops mid-message, or never
 // comes, runs the waiting ranks into their deadline: errc::timeout naming it, and where the
-// other ranks are, asked of them (tcp/positions.hpp: a rank sleeping in this loop answers such
+// other ranks are, asked of them (tcp/desync.hpp: a rank sleeping in this loop answers such
 // questions on every listener of its process).
 #include <poll.h>
 #include <sys/socket.h>
@@ -44,12 +44,12 @@
 #include <string>
 #include <vector>
 
-#include "../../concepts.hpp"
-#include "../../detail/wait.hpp"
-#include "../../error.hpp"
-#include "../../signature.hpp"
-#include "../deliver.hpp"
-#include "positions.hpp"
+#include "../../core/concepts.hpp"
+#include "../../core/wait.hpp"
+#include "../../core/error.hpp"
+#include "../../core/call_info.hpp"
+#include "../../core/deliver.hpp"
+#include "desync.hpp"
 #include "rendezvous.hpp"
 #include "socket.hpp"
 #include "wire.hpp"
@@ -76,7 +76,7 @@ class streams {
 
   const std::string& where(int p) const { return peers_.at(std::size_t(p)).where; }
 
-  /// The desync report (tcp/positions.hpp): this communicator's query point, listed while it
+  /// The desync report (tcp/desync.hpp): this communicator's query point, listed while it
   /// lives, and its board (this rank's position, and the peers' once asked).
   void observe(query_listing q, detail::position* board) {
     qp_ = std::move(q);
@@ -113,7 +113,7 @@ class streams {
 
     // Writes what it can of the frame `h` + the payload of send d (none for a control frame),
     // `off` bytes of which are written; true when something was written. The payload goes run
-    // by run of its buffer (a spread one has several: concepts.hpp, pieces).
+    // by run of its buffer (a spread one has several: core/concepts.hpp, pieces).
     auto write_frame = [&](peer& p, int q, const tcp_wire::msg_header& h, const send_desc* d, std::size_t& off) {
       constexpr int kRuns = 16;
       const std::size_t bytes = d ? d->bytes : 0;
@@ -333,7 +333,7 @@ class streams {
     // A stretch without progress is a wait on the first pending peer (the flight record's).
     net::clock::time_point idle_since{};
     int idle_peer = -1;
-    bool noted = false;  // note_blocked (flight.hpp) told of this wait
+    bool noted = false;  // note_blocked (comm/flight.hpp) told of this wait
     struct unnote {
       const call_info& c;
       const bool& noted;
@@ -395,7 +395,7 @@ class streams {
       for (std::size_t i = 0; i < recvs.size(); ++i)
         if (rs_[i].phase != recv_phase::done && first_to(recvs, rs_, i))
           pfd_.push_back({peers_[std::size_t(recvs[i].peer)].s.get(), POLLIN, 0});
-      const std::size_t listeners = pfd_.size();  // and where position queries come (tcp/positions.hpp)
+      const std::size_t listeners = pfd_.size();  // and where position queries come (tcp/desync.hpp)
       if (qp_) add_listeners(pfd_);
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(call.timeout - (now - last_move)).count();
       ::poll(pfd_.data(), pfd_.size(), int(std::clamp<long long>(left + 1, 1, detail::kSleepSlice.count())));
@@ -584,7 +584,7 @@ class streams {
     return true;
   }
 
-  /// Before a timeout's message: the peers' positions, asked of them (tcp/positions.hpp), onto
+  /// Before a timeout's message: the peers' positions, asked of them (tcp/desync.hpp), onto
   /// the board the message reads.
   void ask_peers(const call_info& call) {
     if (!qp_ || board_ == nullptr || call.board.base != board_) return;

@@ -22,7 +22,7 @@
 //            payload); only then does the data frame follow.
 //   store    request: magic "CXS1", op, key length, value length, key, value
 //            reply:   magic "CXT1", status, value length, value
-//   position (the desync report: tcp/positions.hpp) on a new connection to a rank's listener:
+//   position (the desync report: tcp/desync.hpp) on a new connection to a rank's listener:
 //            query:  magic "CXQ1", version, rank, size, job hash, token[64]       (88 bytes)
 //            answer: magic "CXP1", version, its position on that communicator: seq_state,
 //                    waiting_for, name[16], and where it is blocked elsewhere       (88 bytes)
@@ -41,7 +41,7 @@
 #include <string_view>
 #include <vector>
 
-#include "../../signature.hpp"
+#include "../../core/call_info.hpp"
 
 namespace collx::transport::tcp_wire {
 

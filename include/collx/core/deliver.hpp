@@ -2,15 +2,15 @@
 // The movement of a message's bytes, shared by every host transport: a piece of a message,
 // wherever it arrived (the sender's own memory over threads or single copy, a shared-memory slot,
 // a socket's bounce buffer), is either copied into its destination or reduced with the local
-// operand, in the order the schedule asks for (schedule.hpp, combine); and a send's bytes are
+// operand, in the order the schedule asks for (core/schedule.hpp, combine); and a send's bytes are
 // read out of its buffer. Transports call these and nothing else to touch a message's operands,
-// so an operand spread over several buffers (concepts.hpp: pieces, a fused batch) is handled
+// so an operand spread over several buffers (core/concepts.hpp: pieces, a fused batch) is handled
 // here once.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 
-#include "../concepts.hpp"
+#include "concepts.hpp"
 
 namespace collx::detail {
 

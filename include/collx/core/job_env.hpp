@@ -12,7 +12,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "env.hpp"
+#include "settings.hpp"
 #include "error.hpp"
 
 namespace collx {

@@ -11,12 +11,12 @@
 #include <span>
 #include <vector>
 
-#include "communicator.hpp"
-#include "ops/apply.hpp"
-#include "ops/ops.hpp"
-#include "schedule.hpp"
-#include "signature.hpp"
-#include "transport/deliver.hpp"
+#include "../comm/communicator.hpp"
+#include "../ops/apply.hpp"
+#include "../ops/ops.hpp"
+#include "../core/schedule.hpp"
+#include "../core/call_info.hpp"
+#include "../core/deliver.hpp"
 
 /// Argument checks, done before anything is sent: the message is built only on failure, and a
 /// failure fails the communicator for every rank (detail::fail_argument), as any other does.
@@ -41,7 +41,7 @@ template <class T>
   throw error(errc::invalid_argument, msg);
 }
 
-/// The order of comm's calls (detail/call_queue.hpp); a null communicator fails the call here.
+/// The order of comm's calls (comm/call_queue.hpp); a null communicator fails the call here.
 template <class T>
 call_queue& queue_of(communicator<T>& comm, const char* collective) {
   if (!comm.valid())
@@ -122,7 +122,7 @@ struct located {
 };
 
 /// The buffers a schedule runs over (its buf::in and buf::out): two pointers, or, for a fused
-/// batch (fuse.hpp), its parts spread over pieces. locate() says where element `off` of one is;
+/// batch (features/fuse.hpp), its parts spread over pieces. locate() says where element `off` of one is;
 /// `+ n` moves both on by n elements (the segments of a large call).
 template <class E>
 struct flat_buffers {
@@ -169,7 +169,7 @@ void finalize_at(communicator<T>& comm, const located& x, std::size_t count) {
   });
 }
 
-/// A failure's message in the call's flight record (flight.hpp), if it has none yet: one that
+/// A failure's message in the call's flight record (comm/flight.hpp), if it has none yet: one that
 /// did not come through call_info::fail (a socket's, an allocation's).
 inline void note_failure(const call_info& call, const std::exception& e) {
   note_last_error(e.what());
@@ -178,7 +178,7 @@ inline void note_failure(const call_info& call, const std::exception& e) {
   call.rec->set_error(ce != nullptr ? ce->code().value() : -1, e.what());
 }
 
-/// Opens the call's flight record (flight.hpp) on comm's recorder, when it is on.
+/// Opens the call's flight record (comm/flight.hpp) on comm's recorder, when it is on.
 template <class T>
 void open_record(communicator<T>& comm, call_info& c) {
   detail::flight_recorder& fr = comm.recorder();
@@ -192,7 +192,7 @@ void open_record(communicator<T>& comm, call_info& c) {
   c.mark.uncaught = std::uncaught_exceptions();
 }
 
-/// A transport that takes whole schedules (concepts.hpp: RunsSchedules) runs this rank's; the
+/// A transport that takes whole schedules (core/concepts.hpp: RunsSchedules) runs this rank's; the
 /// op's finalize follows through the transport's hook. Its buffers are always two pointers: a
 /// fused batch packs for it (it does not take pieces).
 template <class T, class E, class Op, class Bufs>
@@ -278,7 +278,7 @@ template <class Policy, class Problem, int Variant>
 inline const char schedule_kind = 0;
 
 /// The cached schedule of `pol` for problem `p`, built by `build` when not cached. The key is
-/// every field of the policy and of the problem (detail/schedule_cache.hpp: add_fields), and
+/// every field of the policy and of the problem (comm/schedule_cache.hpp: add_fields), and
 /// `Variant` tells apart two schedules one policy builds for one problem type.
 template <int Variant = 0, class Policy, class Problem, class T, class Build>
 std::shared_ptr<const schedule> cached(communicator<T>& comm, const Policy& pol, const Problem& p, Build&& build) {
@@ -326,7 +326,7 @@ call_info make_call(communicator<T>& comm, const char* collective, const char* p
 }
 
 /// A call with zero elements returns at once, exchanging nothing (as MPI and NCCL do); it is
-/// folded into the digest the next exchanging call carries (signature.hpp). True when skipped.
+/// folded into the digest the next exchanging call carries (core/call_info.hpp). True when skipped.
 template <class T>
 bool skip_if_empty(communicator<T>& comm, const call_info& call) {
   if (call.sig.count != 0) return false;

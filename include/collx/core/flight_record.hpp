@@ -1,7 +1,7 @@
 #pragma once
-// One call in flight, as the flight recorder (flight.hpp) keeps it while it runs: when this rank
+// One call in flight, as the flight recorder (comm/flight.hpp) keeps it while it runs: when this rank
 // entered it, how long it has been blocked and on which peers, and how much later than this rank
-// each of those peers entered the call. Transports feed it through call_info (signature.hpp):
+// each of those peers entered the call. Transports feed it through call_info (core/call_info.hpp):
 //   call.waiting(p); ...wait...; call.waited(p, ns)   around every blocking wait, on the peer
 //                                                     the wait is for;
 //   call.heard(p, their_signature)                    on every message taken from p (its
@@ -149,10 +149,10 @@ inline std::int64_t wall_ns() noexcept { return fast_clock::now(); }
 /// Where a rank is on a communicator, in memory its peers can read (transports that have such:
 /// inproc's group, shm's segment): its recorder writes it as every collective starts and ends,
 /// and a rank that times out reads its peers' to say where they are (the desync report,
-/// signature.hpp). Relaxed stores, read without a lock: a torn read can only misreport.
+/// core/call_info.hpp). Relaxed stores, read without a lock: a torn read can only misreport.
 struct alignas(64) position {
   static constexpr std::uint64_t kNone = 0, kIn = 1, kDone = 2, kFailed = 3;
-  /// waiting_for of a peer whose position was asked and not given (tcp: tcp/positions.hpp):
+  /// waiting_for of a peer whose position was asked and not given (tcp: tcp/desync.hpp):
   /// it did not answer, or it is gone (its listener refused the connection).
   static constexpr std::int32_t kSilent = -2, kGone = -3;
   std::atomic<std::uint64_t> seq_state{0};  // seq << 2 | kIn, kDone or kFailed (0: no call yet)
@@ -161,7 +161,7 @@ struct alignas(64) position {
   std::atomic<std::int64_t> alive_ns{0};    // its last sign of life (wall_ns): a call's start, a blocked wait's slices
   // Where the rank is blocked now on another communicator, for a sleep slice or more (0: it is
   // not): that communicator's name and the call (16 chars each), its number, and the job rank
-  // it waits for (-1: any). A rank late here may be stuck there (flight.hpp, note_blocked).
+  // it waits for (-1: any). A rank late here may be stuck there (comm/flight.hpp, note_blocked).
   std::atomic<std::uint64_t> else_comm[2] = {};
   std::atomic<std::uint64_t> else_call[2] = {};
   std::atomic<std::uint64_t> else_seq{0};
@@ -246,7 +246,7 @@ struct call_record {
   }
   /// A message from `peer`, which entered the call at `their_entered_ns`. Kept whether or not
   /// this rank has waited on it yet: tcp hears the message that ends a wait before it counts the
-  /// wait. Only the peers waited on are blamed (flight.hpp, close).
+  /// wait. Only the peers waited on are blamed (comm/flight.hpp, close).
   void note_heard(int peer, std::int64_t their_entered_ns) noexcept {
     if (peer < 0 || peer >= size || late_by_peer[peer] >= 0 || their_entered_ns == 0) return;
     late_by_peer[peer] = their_entered_ns > entered_ns ? their_entered_ns - entered_ns : 0;
@@ -266,7 +266,7 @@ struct call_record {
 
 /// The last error a collx call of this thread failed with: a communicator that goes while an
 /// error leaves its scope tells its peers this, the cause, when it fails them
-/// (communicator.hpp).
+/// (comm/communicator.hpp).
 inline thread_local std::string tl_last_error;
 inline void note_last_error(const std::string& what) noexcept {
   try {
@@ -275,8 +275,8 @@ inline void note_last_error(const std::string& what) noexcept {
   }
 }
 
-/// Closes a call's record when its call_info goes (flight.hpp fills it in): a function pointer,
-/// so that signature.hpp needs nothing of the recorder.
+/// Closes a call's record when its call_info goes (comm/flight.hpp fills it in): a function pointer,
+/// so that core/call_info.hpp needs nothing of the recorder.
 struct record_mark {
   void (*close)(void* recorder, call_record*, bool failed) noexcept = nullptr;
   void* recorder = nullptr;

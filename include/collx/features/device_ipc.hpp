@@ -10,7 +10,7 @@
 // allocation passed over a Unix socket, or cudaIpc handles (cuda/ipc.cuh); host memory through
 // memfd in the tests (tests/ipc_host.hpp), which run this very code across real processes.
 //
-// process_group<Backend> is made by every rank of a host communicator (shm or tcp: the
+// peer_group<Backend> is made by every rank of a host communicator (shm or tcp: the
 // bootstrap, which it keeps) and:
 //   - draws a nonce and binds a Unix datagram socket per rank in the abstract namespace
 //     (fd_channel), through which descriptors travel (SCM_RIGHTS);
@@ -74,13 +74,13 @@
 
 #include "../collectives/all_gather.hpp"
 #include "../collectives/barrier.hpp"
-#include "../communicator.hpp"
-#include "../detail/wait.hpp"
-#include "../error.hpp"
-#include "../signature.hpp"
+#include "../comm/communicator.hpp"
+#include "../core/wait.hpp"
+#include "../core/error.hpp"
+#include "../core/call_info.hpp"
 #include "../transport/any.hpp"
-#include "job.hpp"
-#include "layout.hpp"
+#include "../device/job.hpp"
+#include "../device/layout.hpp"
 
 namespace collx::device::ipc {
 
@@ -339,12 +339,12 @@ bool stage_buffers(std::byte* (&bufs)[4], const std::uint64_t (&extent)[4], unsi
 using peer_table = std::vector<std::uint64_t>;
 
 template <class Backend>
-class process_group {
+class peer_group {
  public:
   using owned = typename Backend::owned;
 
   /// Every rank of `boot` makes it at once (a collective call on boot). Throws collx::error.
-  process_group(communicator<transport::any> boot, Backend be, std::chrono::nanoseconds timeout)
+  peer_group(communicator<transport::any> boot, Backend be, std::chrono::nanoseconds timeout)
       : boot_(std::move(boot)), be_(std::move(be)), timeout_(timeout), rank_(boot_.rank()), n_(boot_.size()),
         lay_{boot_.size()}, peers_(std::size_t(n_)) {
     try {
@@ -354,9 +354,9 @@ class process_group {
       throw;
     }
   }
-  process_group(const process_group&) = delete;
-  process_group& operator=(const process_group&) = delete;
-  ~process_group() { release(); }
+  peer_group(const peer_group&) = delete;
+  peer_group& operator=(const peer_group&) = delete;
+  ~peer_group() { release(); }
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return n_; }

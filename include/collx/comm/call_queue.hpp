@@ -4,7 +4,7 @@
 //
 // Every call on a communicator, blocking or not, runs in the order it was issued: a blocking call
 // first runs whatever nonblocking calls are still queued before it, then itself, on the calling
-// thread. A nonblocking call (async.hpp) is queued and a progress thread, started with the
+// thread. A nonblocking call (features/async.hpp) is queued and a progress thread, started with the
 // communicator's first one, runs the queue back to back while the caller computes; it sleeps
 // (a futex) whenever the queue is empty, so nothing spins while no call is outstanding. One
 // thread at a time runs the communicator's calls (exec_), so the transport and the
@@ -27,7 +27,8 @@
 // continues, on every rank, however the ranks' timing differs (a future's callback that
 // all-reduces, as PowerSGD's do, while the main thread issues the next bucket's all-reduce: left
 // to the clock, the two could run in different orders on different ranks). Then the gate opens,
-// the call is done, its captures go, and the thread takes exec_ back; another thread may have
+// the call's captures go, the thread takes exec_ back, and only then is the call done (the
+// thread that waited for it may destroy the communicator at once); another thread may have
 // run the next call meanwhile, and closed the gate for that one's continuations: a thread that
 // takes exec_ back never runs calls through another's gate (run_queued stops there).
 // The gate is an order, not a lock: the progress thread and every wait of collx's wait for it
@@ -70,10 +71,10 @@
 #include <utility>
 #include <vector>
 
-#include "../error.hpp"
-#include "../work.hpp"
-#include "flight_record.hpp"
-#include "wait.hpp"
+#include "../core/error.hpp"
+#include "../core/work.hpp"
+#include "../core/flight_record.hpp"
+#include "../core/wait.hpp"
 
 namespace collx::detail {
 
@@ -95,10 +96,10 @@ inline thread_local call_task* tl_current_task = nullptr;
 /// exec_ go (the outer call is under way).
 inline thread_local const call_queue* tl_in_body = nullptr;
 /// When the nonblocking call this thread runs now was issued (wall clock; 0: a blocking call,
-/// issued as it starts): its flight record says so (flight.hpp).
+/// issued as it starts): its flight record says so (comm/flight.hpp).
 inline thread_local std::int64_t tl_issued_ns = 0;
 
-/// What a queue tells its communicator (set by communicator.hpp): where it is, for errors, and
+/// What a queue tells its communicator (set by comm/communicator.hpp): where it is, for errors, and
 /// when continuations run, for the flight recorder's position.
 struct queue_observer {
   void* ctx = nullptr;
@@ -123,10 +124,10 @@ class call_task : public work_state {
   virtual bool plain() const noexcept = 0;  // captures whose destruction runs no user code
   // The state, and a bit set by a thread that sleeps until it is done (notified only then).
   // settling: it has run; its continuations run now (the queue's gate is closed).
-  static constexpr int kQueued = 0, kRunning = 1, kSettling = 2, kDone = 3, kStateMask = 3, kWaiter = 4;
+  static constexpr std::uint32_t kQueued = 0, kRunning = 1, kSettling = 2, kDone = 3, kStateMask = 3, kWaiter = 4;
   call_queue* q_;  // valid until done: a communicator finishes its queue before it goes
   std::int64_t issued_ns_;
-  std::atomic<int> st_{kQueued};
+  std::atomic<std::uint32_t> st_{kQueued};
   std::exception_ptr err_;
   // Continuations: added by any thread, taken by the one settling the call. cont_: kHasConts
   // once one was added (the call then settles outside exec_), kClosed once they were taken for
@@ -168,7 +169,7 @@ class call_queue {
   }
 
   /// Whether this thread is inside this queue now: running one of its calls, a call's body, or
-  /// a call's continuations (a communicator must not be destroyed from there: communicator.hpp
+  /// a call's continuations (a communicator must not be destroyed from there: comm/communicator.hpp
   /// hands its destruction to another thread).
   bool inside() const noexcept { return tl_running == this || tl_settling == this || tl_in_body == this; }
   /// Whether a call submitted from this thread now runs at once, on it (inside a call or a
@@ -291,18 +292,18 @@ class call_queue {
     // Another thread runs it: sleep until it is done, saying so first. Only a closed gate has a
     // deadline here: a call's own waits have theirs.
     std::int64_t waiting = 0;
-    for (int s = t.st_.load(std::memory_order_acquire); (s & call_task::kStateMask) != call_task::kDone;
+    for (std::uint32_t s = t.st_.load(std::memory_order_acquire); (s & call_task::kStateMask) != call_task::kDone;
          s = t.st_.load(std::memory_order_acquire)) {
       if (!(s & call_task::kWaiter) && !t.st_.compare_exchange_weak(s, s | call_task::kWaiter, std::memory_order_acq_rel))
         continue;
       check_gate("wait", waiting);
-      futex_wait(reinterpret_cast<std::atomic<std::uint32_t>&>(t.st_), std::uint32_t(s | call_task::kWaiter), kSleepSlice,
+      futex_wait(t.st_, std::uint32_t(s | call_task::kWaiter), kSleepSlice,
                  false);
     }
   }
 
   /// Runs what is queued and stops the progress thread (the communicator is going). Called from
-  /// outside the queue (communicator.hpp sees to it): nothing of the queue is on this thread's
+  /// outside the queue (comm/communicator.hpp sees to it): nothing of the queue is on this thread's
   /// stack.
   void shutdown() noexcept {
     stop_.store(true, std::memory_order_seq_cst);
@@ -312,7 +313,7 @@ class call_queue {
       std::lock_guard g(start_mu_);
       if (worker_.joinable()) {
         if (worker_.get_id() != std::this_thread::get_id()) worker_.join();
-        else worker_.detach();  // (communicator.hpp never lets it come to this)
+        else worker_.detach();  // (comm/communicator.hpp never lets it come to this)
       }
     }
     // Without a thread (it could not start), or called from it: run the rest here, waiting out
@@ -480,7 +481,7 @@ class call_queue {
   /// The call is done: its waiters wake.
   static void done(call_task& t) noexcept {
     if (t.st_.exchange(call_task::kDone, std::memory_order_acq_rel) & call_task::kWaiter)
-      futex_wake_all(reinterpret_cast<std::atomic<std::uint32_t>&>(t.st_), false);
+      futex_wake_all(t.st_, false);
   }
 
   /// What follows a call that has continuations or captures of the user's, with exec_ released
@@ -492,7 +493,7 @@ class call_queue {
   void settle(call_task& t, bool conts) noexcept {
     const call_queue* prev_running = std::exchange(tl_running, nullptr);
     if (conts) {
-      int s = t.st_.load(std::memory_order_relaxed);
+      std::uint32_t s = t.st_.load(std::memory_order_relaxed);
       while (!t.st_.compare_exchange_weak(s, (s & call_task::kWaiter) | call_task::kSettling, std::memory_order_acq_rel)) {
       }
       const bool opened = tl_settling != this;  // (a call made by a continuation keeps the outer gate)

@@ -30,7 +30,7 @@
 #include <thread>
 #include <vector>
 
-#include "../../detail/flight_record.hpp"
+#include "../../core/flight_record.hpp"
 #include "socket.hpp"
 #include "wire.hpp"
 

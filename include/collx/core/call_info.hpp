@@ -20,8 +20,8 @@
 #include <utility>
 #include <vector>
 
-#include "detail/flight_record.hpp"
-#include "detail/wait.hpp"
+#include "flight_record.hpp"
+#include "wait.hpp"
 #include "error.hpp"
 
 namespace collx {
@@ -112,7 +112,7 @@ struct call_signature {
   std::uint32_t elem_size = 0;
   std::int32_t root = -1;
   /// When the sender entered the call (wall clock, ns; 0 when not recorded): not compared, it
-  /// tells a receiver that waited how late the sender came (detail/flight_record.hpp).
+  /// tells a receiver that waited how late the sender came (core/flight_record.hpp).
   std::int64_t entered_ns = 0;
 
   friend bool operator==(const call_signature& a, const call_signature& b) {
@@ -161,12 +161,12 @@ struct call_info {
   std::chrono::nanoseconds timeout{};
   /// Sends complete only once their receivers have taken them (point to point: collectives/p2p.hpp).
   bool synchronous = false;
-  /// The call's flight record (flight.hpp), or null when the recorder is off; `mark` closes it
+  /// The call's flight record (comm/flight.hpp), or null when the recorder is off; `mark` closes it
   /// when this call_info goes.
   detail::call_record* rec = nullptr;
   detail::record_mark mark;
 
-  /// The communicator's position board (flight_record.hpp), where its transport has one.
+  /// The communicator's position board (core/flight_record.hpp), where its transport has one.
   detail::position_board board;
 
   /// Transports say where their waits go: waiting(p) before a blocking wait on peer p,
@@ -233,7 +233,7 @@ struct call_info {
     std::vector<place> places;
     const std::int64_t now = detail::wall_ns();
     std::vector<std::pair<int, std::int64_t>> silent;  // blocked in a call, yet no sign of life
-    std::vector<int> mute, gone;  // asked, and no answer (tcp: tcp/positions.hpp)
+    std::vector<int> mute, gone;  // asked, and no answer (tcp: tcp/desync.hpp)
     for (int r = 0; r < board.n; ++r) {
       const detail::position& p = *board.at(r);
       const std::uint64_t ss = p.seq_state.load(std::memory_order_relaxed);
@@ -307,7 +307,7 @@ struct call_info {
     if (!mute.empty())
       o += "; " + some(mute) + (mute.size() == 1 ? " does" : " do") + " not answer (its process is stopped, or hung)";
     if (!gone.empty()) o += "; " + some(gone) + (gone.size() == 1 ? " is" : " are") + " gone (its process refuses connections)";
-    // Ranks stuck in a call on another of their communicators (flight.hpp, note_blocked).
+    // Ranks stuck in a call on another of their communicators (comm/flight.hpp, note_blocked).
     for (int r = 0; r < board.n; ++r) {
       const detail::position& p = *board.at(r);
       const std::uint64_t es = p.else_seq.load(std::memory_order_relaxed);
@@ -362,7 +362,7 @@ struct call_info {
 
 namespace detail {
 /// A wait of call c on `peer` has been blocked for a sleep slice (on) or has ended (off): the
-/// rank's positions on its other communicators say so (flight.hpp installs it).
+/// rank's positions on its other communicators say so (comm/flight.hpp installs it).
 inline void (*note_blocked_hook)(const call_info& c, int peer, bool on) noexcept = nullptr;
 
 /// Times one blocking wait of a transport on `peer` (-1: any of several) into the call's flight

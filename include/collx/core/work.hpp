@@ -1,5 +1,5 @@
 #pragma once
-// collx::work: the handle of a nonblocking call (async.hpp). wait() returns when the call's
+// collx::work: the handle of a nonblocking call (features/async.hpp). wait() returns when the call's
 // result is in place and throws its collx::error; test() never blocks and says whether it is
 // done. A work is move-only; destroying one that was not waited for waits (a call never goes on
 // running on buffers its caller has freed), and drops the error: the communicator has failed
@@ -10,11 +10,11 @@
 // succeeded), before the communicator's next call starts, with no lock of collx's held, on the
 // thread that completed the call; a call that f makes on the same communicator runs at once,
 // right there, so it comes right after the call on every rank, whatever the timing
-// (detail/call_queue.hpp says why and how). A work is done (test(), wait()) once its
+// (comm/call_queue.hpp says why and how). A work is done (test(), wait()) once its
 // continuations have returned.
 //
 // What a work stands for is behind work_state, so a device transport can hand out works that
-// complete on its stream (an event) beside the host calls of detail/call_queue.hpp.
+// complete on its stream (an event) beside the host calls of comm/call_queue.hpp.
 #include <exception>
 #include <functional>
 #include <memory>

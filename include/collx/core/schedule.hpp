@@ -2,7 +2,7 @@
 // A schedule is what a policy produces and what the executor runs: for one rank, an ordered list
 // of steps, each a set of local copies followed by sends and receives that proceed together.
 // Policies are pure functions from a problem (rank, size, partition, root, ...) to a schedule;
-// they do no I/O. The executor (executor.hpp) is the one loop that turns steps into transport
+// they do no I/O. The executor (collectives/executor.hpp) is the one loop that turns steps into transport
 // calls, the model walks the same data to count steps and bytes, and examples print it.
 //
 // Regions name a buffer (the caller's input, the caller's output, or scratch owned by the call)

@@ -111,7 +111,7 @@ inline int usable_cores() noexcept {
 inline int spin_for(int ranks, int cores = usable_cores()) noexcept { return ranks > cores ? 8 : kSpinIterations; }
 
 /// Told when a wait stops spinning and starts to block (yield, then sleep), and again at every
-/// sleep slice while it blocks: the flight recorder times waits from the first (signature.hpp:
+/// sleep slice while it blocks: the flight recorder times waits from the first (core/call_info.hpp:
 /// timed_wait), so one that the spin ends costs nothing, and the slices are the rank's sign of
 /// life on its position board (a stopped process gives none).
 struct on_block {

@@ -47,12 +47,12 @@ inline constexpr variable variables[] = {
     {"COLLX_SCHEDULE_CACHE_BYTES", "bytes (0 .. 64G; K, M, G suffixes)",
      "the schedules a communicator keeps for reuse, at most this many bytes (least recently used go first); default 64M"},
     {"COLLX_FLIGHT_RECORDER", "integer (0 .. 1048576)",
-     "calls each communicator's flight recorder keeps (flight.hpp), and its wait tables; 0: off; default 512"},
+     "calls each communicator's flight recorder keeps (comm/flight.hpp), and its wait tables; 0: off; default 512"},
     {"COLLX_DUMP_DIR", "directory",
      "where the flight recorder writes collx-rank<R>.json on a failed call, on SIGUSR2 and on flight::dump; unset: no dump on failure"},
     {"COLLX_DUMP_ON_SIGUSR2", "0 or 1", "1: SIGUSR2 dumps every communicator of the process into COLLX_DUMP_DIR (else .)"},
     {"COLLX_DEBUG", "WARN, INFO, TRACE or OFF",
-     "debug lines (debug.hpp): WARN failed calls; INFO also communicators made and automatic's choices; TRACE also every "
+     "debug lines (core/debug.hpp): WARN failed calls; INFO also communicators made and automatic's choices; TRACE also every "
      "call with its timing; default OFF"},
     {"COLLX_DEBUG_FILE", "path (%r job rank, %p pid, %h host)", "where COLLX_DEBUG's lines go (log.%r: one file per rank); default stderr"},
     {"COLLX_CUDA_DEVICE", "integer (0 .. 1023)",

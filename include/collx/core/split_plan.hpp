@@ -1,5 +1,5 @@
 #pragma once
-// What communicator::split (split.hpp) hands a transport to make the new communicator's: every
+// What communicator::split (features/groups.hpp) hands a transport to make the new communicator's: every
 // member agrees on the plan, which one small all_gather on the parent produced.
 //
 // A transport that can split supplies
@@ -36,7 +36,7 @@ struct split_plan {
   std::chrono::nanoseconds timeout{};  // the parent's options::timeout
 };
 
-/// What communicator::shrink (split.hpp) asks of a transport that can shrink, which supplies
+/// What communicator::shrink (features/groups.hpp) asks of a transport that can shrink, which supplies
 ///   T shrink(const shrink_request&, std::vector<int>& members);
 /// The ranks still alive agree, through what the failure left of the transport, on who they
 /// are (shm: the segment, where a dead rank's liveness mutex is free; tcp: each rank's listening

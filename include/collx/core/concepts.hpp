@@ -28,7 +28,7 @@ struct reduction_op_tag {};
 /// runs every step of one rank's schedule (its own scratch, its own way of moving data: a device
 /// transport lowers it to a plan one kernel walks, device/plan.hpp). A transport whose memory is
 /// not host memory must take whole schedules and supply the two local operations the executor
-/// would otherwise do on the host (executor.hpp checks that it does, by name, so a misspelt hook
+/// would otherwise do on the host (collectives/executor.hpp checks that it does, by name, so a misspelt hook
 /// is a compile error and never a memmove on device pointers):
 ///   void copy_local(std::span<const local_copy_part> parts)    (every part, done on return: a
 ///                                                                device transport enqueues them all
@@ -36,7 +36,7 @@ struct reduction_op_tag {};
 ///   void finalize<E, Op>(E* p, std::size_t count, int ranks)   (avg's division)
 ///   std::byte* host_staging(std::size_t bytes), copy_from_host(dst, src, bytes),
 ///   copy_to_host(dst, src, bytes)                              (the library's own calls on host
-///                                                                memory: executor.hpp,
+///                                                                memory: collectives/executor.hpp,
 ///                                                                on_transport_memory)
 /// Policies never see memory: they only produce schedules of regions.
 struct host_memory {};
@@ -62,7 +62,7 @@ struct combiner {
   void operator()(void* dst, const void* left, const void* right, std::size_t n) const { fn(op, dst, left, right, n); }
 };
 
-/// A buffer made of several buffers one after another: a fused batch's parts (fuse.hpp), so its
+/// A buffer made of several buffers one after another: a fused batch's parts (features/fuse.hpp), so its
 /// all-reduces run as one schedule over the user's own memory, with no packing copy. Byte b of
 /// the whole lies at base[k] + (b - at[k]) for the part k with at[k] <= b < at[k + 1]; every part
 /// is a whole number of elements.
@@ -80,15 +80,15 @@ struct pieces {
 };
 
 /// An operand of a message: `p`, or, when `of` is set, bytes from `at` on of a pieces buffer.
-/// Transports reach a spread operand only through transport/deliver.hpp (gather, deliver, runs)
-/// and say that they do with `bool takes_pieces() const` (fuse.hpp packs for the others).
+/// Transports reach a spread operand only through core/deliver.hpp (gather, deliver, runs)
+/// and say that they do with `bool takes_pieces() const` (features/fuse.hpp packs for the others).
 struct operand {
   const pieces* of = nullptr;
   std::size_t at = 0;
 };
 
 namespace detail {
-/// Whether transport t moves spread operands (else a fused batch packs them: fuse.hpp).
+/// Whether transport t moves spread operands (else a fused batch packs them: features/fuse.hpp).
 template <class T>
 bool takes_pieces(const T& t) noexcept {
   if constexpr (requires { t.takes_pieces(); }) return t.takes_pieces();
@@ -113,7 +113,7 @@ struct recv_desc {
   bool spread() const noexcept { return dst_spread.of != nullptr || with_spread.of != nullptr; }
 };
 
-/// The order rule every transport's progress loop obeys (schedule.hpp): messages to or from one
+/// The order rule every transport's progress loop obeys (core/schedule.hpp): messages to or from one
 /// peer share a stream, so only the first unfinished one per peer may move; and a receive that
 /// reduces into what an earlier receive of the step writes (a tree node summing two children)
 /// waits for it. `st[j].done` says whether operation j has finished.
@@ -138,7 +138,7 @@ bool may_progress(std::span<const Op> ops, const State& st, std::size_t i) {
 }
 
 
-struct call_info;  // signature.hpp
+struct call_info;  // core/call_info.hpp
 
 /// What a transport needs to run one step: the call (for matching and for error messages), how
 /// to reduce, and the deadline for each wait (in the call). `synchronous`: a send is done only

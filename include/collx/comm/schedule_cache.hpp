@@ -18,8 +18,8 @@
 #include <type_traits>
 #include <unordered_map>
 
-#include "../env.hpp"
-#include "../schedule.hpp"
+#include "../core/settings.hpp"
+#include "../core/schedule.hpp"
 
 namespace collx::detail {
 

@@ -20,7 +20,7 @@
 #include <mutex>
 #include <string>
 
-#include "env.hpp"
+#include "settings.hpp"
 #include "error.hpp"
 
 namespace collx {

@@ -1,0 +1,677 @@
+#pragma once
+// The flight recorder: every communicator keeps its last K calls (COLLX_FLIGHT_RECORDER=K,
+// default 512, 0 = off) as this rank saw them — sequence number, collective, policy, count,
+// element size, op, root, state, when it was issued, started and ended, and how long it waited on
+// which peers — and, over its whole life, how long this rank waited on each peer and how much of
+// that each peer's late arrival explains (the straggler accounting: core/flight_record.hpp).
+//
+// It is dumped as JSON, one file per job rank holding every communicator of that rank, into
+// COLLX_DUMP_DIR: on any failed call (a timeout, a mismatch, a lost peer, a bad argument), on
+// demand (flight::dump), and on SIGUSR2 when asked for (COLLX_DUMP_ON_SIGUSR2=1 or
+// flight::dump_on_signal()). tools/collx_trace.cpp reads a job's dumps and says what happened.
+//
+//   collx::flight::waits(comm)        this rank's wait table on comm (per peer: waited, late)
+//   collx::flight::records(comm)      the recorded calls, oldest first
+//   collx::flight::json(comm)         one communicator as JSON
+//   collx::flight::dump(job_rank)     writes COLLX_DUMP_DIR/collx-rank<R>.json now
+//
+// The thread running a communicator's calls writes its records; a dump may read them from any
+// thread (a lock per communicator, taken twice per call: record_lock).
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../core/debug.hpp"
+#include "../core/flight_record.hpp"
+#include "../core/settings.hpp"
+#include "../core/error.hpp"
+#include "../core/call_info.hpp"
+
+namespace collx {
+
+enum class call_state : std::uint8_t { running, done, failed };
+
+inline const char* to_string(call_state s) noexcept {
+  switch (s) {
+    case call_state::running: return "running";
+    case call_state::done: return "done";
+    case call_state::failed: return "failed";
+  }
+  return "?";
+}
+
+/// Time this rank waited on one peer, and the part of it the peer's late entry explains.
+struct peer_wait {
+  int peer = -1;
+  std::int64_t waited_ns = 0;
+  std::int64_t late_ns = 0;
+};
+
+/// One recorded call.
+struct flight_entry {
+  std::uint64_t index = 0;  // this communicator's calls, point to point included, from 0
+  call_signature sig;       // collective, policy, op, seq (0: point to point), count, element size, root
+  call_state state = call_state::running;
+  std::int64_t issued_ns = 0, start_ns = 0, end_ns = 0;  // wall clock (end 0 while running)
+  std::int64_t waited_ns = 0;                            // blocked in all
+  int waiting_for = -1;                                  // running: the peer its wait is on now
+  static constexpr std::size_t kPeers = 4;
+  std::array<peer_wait, kPeers> peers{};  // the peers waited on longest, longest first
+  int n_peers = 0;
+  int code = 0;  // collx::errc of a failed call
+  std::string error;
+};
+
+/// This rank's waits on one communicator over its life, indexed by peer rank.
+struct wait_table {
+  std::vector<std::int64_t> waited_ns;  // blocked on each peer
+  std::vector<std::int64_t> late_ns;    // of which the peer's late entry explains
+  std::uint64_t calls = 0;
+  std::int64_t busy_ns = 0;  // in calls, from entry to return
+};
+
+namespace detail {
+
+inline std::size_t flight_capacity() {
+  return std::size_t(env_int("COLLX_FLIGHT_RECORDER", 0ll, 1ll << 20, 512));
+}
+
+class flight_recorder;
+
+/// A recorder's lock: taken twice a call by the thread that runs it, and now and then by a
+/// dump, so almost never contended (core/wait.hpp).
+using record_lock = yield_lock;
+
+/// Every recorder of this process (dumps gather a job rank's communicators). Never destroyed:
+/// a communicator that outlives static destruction still finds it.
+struct flight_registry {
+  std::mutex mu;
+  std::vector<flight_recorder*> all;
+  std::atomic<bool> signal_thread{false};
+  int pipe_w = -1;
+};
+inline flight_registry& flight_recorders() {
+  static flight_registry* r = new flight_registry;
+  return *r;
+}
+
+inline void json_string(std::string& o, std::string_view s) {
+  o += '"';
+  for (char c : s) {
+    switch (c) {
+      case '"': o += "\\\""; break;
+      case '\\': o += "\\\\"; break;
+      case '\n': o += "\\n"; break;
+      case '\t': o += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char b[8];
+          std::snprintf(b, sizeof b, "\\u%04x", c);
+          o += b;
+        } else {
+          o += c;
+        }
+    }
+  }
+  o += '"';
+}
+inline std::string_view sig_text(const char* p, std::size_t n) { return {p, strnlen(p, n)}; }
+
+void dump_job_rank_noexcept(int job_rank, const char* reason) noexcept;
+
+class flight_recorder {
+ public:
+  flight_recorder() : cap_(flight_capacity()) {
+    auto& r = flight_recorders();
+    std::lock_guard g(r.mu);
+    r.all.push_back(this);
+  }
+  flight_recorder(const flight_recorder&) = delete;
+  flight_recorder& operator=(const flight_recorder&) = delete;
+  ~flight_recorder() {
+    auto& r = flight_recorders();
+    std::lock_guard g(r.mu);
+    r.all.erase(std::remove(r.all.begin(), r.all.end(), this), r.all.end());
+  }
+
+  /// Which communicator this records (set by the communicator; the identity stays put).
+  void bind(const comm_identity* id, int rank, int size, const char* transport, const debug_log* dbg = nullptr,
+            position_board board = {}) {
+    std::lock_guard g(mu_);
+    board_ = board;
+    pos_ = board.base != nullptr && rank >= 0 && rank < board.n ? board.at(rank) : nullptr;
+    if (pos_ != nullptr) pos_->user.store(caller_language.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    dbg_ = dbg != nullptr && dbg->on(debug_level::warn) ? dbg : nullptr;
+    if (cap() == 0 && dbg != nullptr && dbg->on(debug_level::trace)) cap_.store(1, std::memory_order_relaxed);  // TRACE prints the record's timings
+    id_ = id;
+    rank_ = rank;
+    size_ = size;
+    transport_ = transport;
+    cum_.waited_ns.assign(std::size_t(size > 0 ? size : 0), 0);
+    cum_.late_ns.assign(std::size_t(size > 0 ? size : 0), 0);
+  }
+  bool enabled() const noexcept { return cap() != 0; }
+  /// The position board of the communicator (empty when its transport has none).
+  const position_board& board() const noexcept { return board_; }
+
+  /// Job rank `job_rank` is blocked in call c on another communicator (on), or no longer (off):
+  /// this recorder's position says so, if it is that rank's (note_blocked).
+  void mark_elsewhere(int job_rank, const call_info& c, int peer, bool on) noexcept {
+    std::lock_guard g(mu_);
+    if (pos_ == nullptr || id_ == nullptr || id_ == c.comm || job_rank_locked() != job_rank) return;
+    const std::uint64_t seq = c.sig.seq == 0 ? 1 : c.sig.seq;
+    char comm[16] = {};
+    const bool job = c.comm == nullptr || c.comm->is_job();
+    const char* name = job ? "world" : c.comm->name.c_str();
+    std::memcpy(comm, name, std::min(std::strlen(name), sizeof comm));
+    if (!on) {  // only its own note (another thread of the rank may be blocked on a third one)
+      char now[16];
+      position::get16(pos_->else_comm, now);
+      if (pos_->else_seq.load(std::memory_order_relaxed) == seq && std::memcmp(now, comm, sizeof comm) == 0)
+        pos_->else_seq.store(0, std::memory_order_relaxed);
+      return;
+    }
+    position::put16(pos_->else_comm, comm);
+    static_assert(sizeof c.sig.collective == 16);
+    position::put16(pos_->else_call, c.sig.collective);
+    pos_->else_waiting_job.store(peer < 0 ? -1 : (c.comm == nullptr ? peer : c.comm->job_rank(peer)), std::memory_order_relaxed);
+    pos_->else_seq.store(seq, std::memory_order_relaxed);
+  }
+  /// The continuations of a call of this communicator run now (in), or have returned: user
+  /// code, not collx (comm/call_queue.hpp). The position says so, for the peers' desync
+  /// report, and a dump meanwhile.
+  void in_user_code(bool in) noexcept {
+    const std::int64_t now = wall_ns();
+    user_since_.store(in ? now : 0, std::memory_order_relaxed);
+    if (pos_ == nullptr) return;
+    pos_->user_since_ns.store(in ? now : 0, std::memory_order_relaxed);
+    pos_->user.store((in ? position::kInCallback : 0) | caller_language.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    if (!in) pos_->alive_ns.store(now, std::memory_order_relaxed);  // back in collx: a sign of life
+  }
+  /// Since when this rank runs continuations of this communicator's calls (wall_ns), or 0.
+  std::int64_t user_since() const noexcept { return user_since_.load(std::memory_order_relaxed); }
+  std::size_t capacity() const noexcept { return cap(); }
+  /// The job rank of this communicator's own rank (any thread may ask: a dump does).
+  int job_rank() const {
+    std::lock_guard g(mu_);
+    return job_rank_locked();
+  }
+
+  /// A call starts: its record, or nullptr when off (or nested too deep). Stamps sig.entered_ns.
+  call_record* open(call_signature& sig, std::int64_t issued_ns) {
+    if (cap() == 0 || depth_ == kDepth) return nullptr;
+    open_call& o = open_[depth_];
+    if (o.w.size() != std::size_t(size_)) size_up(o);
+    call_record& r = o.rec;  // (close() left its per-peer state empty)
+    r.code = 0;
+    if (!r.error.empty()) r.error.clear();
+    r.policy = nullptr;
+    r.pos = sig.seq != 0 ? pos_ : nullptr;  // collectives only: point to point has no place in a sequence
+    r.waited_live.store(0, std::memory_order_relaxed);
+    r.waiting_for.store(-1, std::memory_order_relaxed);
+    r.entered_ns = wall_ns();
+    sig.entered_ns = r.entered_ns;
+    if (dbg_ != nullptr) o.sig = sig;
+    if (r.pos != nullptr) o.published = publish(*r.pos, sig, position::kIn);
+    {
+      std::lock_guard g(mu_);
+      if (head_ == ring_.size()) grow();  // (a throw leaves the ring as it was)
+      flight_entry& e = ring_[head_];
+      o.index = next_++;
+      o.slot = head_;
+      if (++head_ == cap()) head_ = 0;  // head_ is next_ % cap(), without a division a call
+      e.index = o.index;
+      e.sig = sig;
+      e.state = call_state::running;
+      // (issued on another thread, whose clock may be a little ahead: never after the start)
+      e.issued_ns = issued_ns != 0 && issued_ns < r.entered_ns ? issued_ns : r.entered_ns;
+      e.start_ns = r.entered_ns;
+      e.end_ns = 0;
+      e.waited_ns = 0;
+      e.n_peers = 0;
+      e.code = 0;
+      if (!e.error.empty()) e.error.clear();
+      o.live = true;
+    }
+    ++depth_;
+    return &r;
+  }
+
+  /// A call ends (its call_info goes): done, or failed when an exception is leaving it.
+  void close(call_record* rp, bool failed) noexcept {
+    int d = depth_ - 1;
+    while (d >= 0 && &open_[d].rec != rp) --d;
+    if (d < 0) return;
+    open_call& o = open_[d];
+    call_record& r = o.rec;
+    const std::int64_t end = wall_ns();
+    if (r.pos != nullptr) {
+      // A nested call ending puts the call around it back on the board (still in it).
+      if (d > 0 && open_[d - 1].live && open_[d - 1].rec.pos != nullptr) {
+        put(*r.pos, open_[d - 1].published, end);
+      } else {
+        r.pos->waiting_for.store(-1, std::memory_order_relaxed);
+        r.pos->alive_ns.store(end, std::memory_order_relaxed);  // when it left collx (the report's "not in collx for")
+        r.pos->seq_state.store((o.published.seq_state & ~std::uint64_t(3)) | (failed ? position::kFailed : position::kDone),
+                               std::memory_order_relaxed);
+      }
+    }
+    // The peers waited on longest, and what each one's late entry explains (none, in a call
+    // that no wait of which outlasted its spin: the common case, kept short).
+    std::array<peer_wait, flight_entry::kPeers> top{};
+    int n_top = 0;
+    if (r.n_touched > 0) rank_waits(o, top, n_top);
+    bool dump = false;
+    int job = 0;
+    {
+      std::lock_guard g(mu_);
+      for (int i = 0; i < r.n_touched; ++i) {
+        const int p = r.touched[i];
+        cum_.waited_ns[std::size_t(p)] += o.w[std::size_t(p)];
+        cum_.late_ns[std::size_t(p)] += o.late_blame[std::size_t(i)];
+      }
+      ++cum_.calls;
+      cum_.busy_ns += end - r.entered_ns;
+      if (next_ - o.index <= cap()) {  // not overwritten by later calls (nested ones)
+        flight_entry& e = ring_[o.slot];
+        e.state = failed ? call_state::failed : call_state::done;
+        if (r.policy != nullptr) set_name(e.sig.policy, r.policy);
+        e.end_ns = end;
+        e.waited_ns = r.waited_live.load(std::memory_order_relaxed);
+        e.peers = top;  // (all of it: none past n_top is left from an older call)
+        e.n_peers = n_top;
+        e.code = r.code;
+        if (failed) e.error = r.error.empty() ? "failed (an exception left the call)" : r.error;
+      }
+      o.live = false;
+      dump = failed && dump_on_error_;
+      if (dump) job = job_rank_locked();
+    }
+    for (int i = 0; i < r.n_touched; ++i) o.w[std::size_t(r.touched[i])] = 0;
+    for (int i = 0; i < r.n_heard; ++i) o.late[std::size_t(r.heard[i])] = -1;
+    r.n_touched = 0;
+    r.n_heard = 0;
+    if (!o.late_blame.empty()) o.late_blame.clear();
+    if (d == depth_ - 1) {
+      --depth_;
+      while (depth_ > 0 && !open_[depth_ - 1].live) --depth_;
+    }
+    if (dump && depth_ == 0) dump_job_rank_noexcept(job, "a call failed");
+    if (dbg_ != nullptr && (failed || dbg_->on(debug_level::trace))) debug_line(d, failed, end, top, n_top);
+  }
+  static void close_fn(void* self, call_record* r, bool failed) noexcept {
+    static_cast<flight_recorder*>(self)->close(r, failed);
+  }
+
+  std::vector<flight_entry> entries() const {
+    std::lock_guard g(mu_);
+    std::vector<flight_entry> v;
+    const std::uint64_t first = next_ > cap() ? next_ - cap() : 0;
+    for (std::uint64_t i = first; i < next_; ++i) v.push_back(snapshot(i));
+    return v;
+  }
+  wait_table waits() const {
+    std::lock_guard g(mu_);
+    return cum_;
+  }
+
+  /// This communicator as a JSON object.
+  std::string json() const {
+    std::lock_guard g(mu_);
+    std::string o = "{\"name\":";
+    json_string(o, id_ == nullptr || id_->is_job() ? std::string("world") : id_->name);
+    o += ",\"transport\":";
+    json_string(o, transport_ == nullptr ? "" : transport_);
+    o += ",\"rank\":" + std::to_string(rank_) + ",\"size\":" + std::to_string(size_) + ",\"job_ranks\":[";
+    for (int r = 0; r < size_; ++r) o += (r ? "," : "") + std::to_string(id_ == nullptr ? r : id_->job_rank(r));
+    o += "],\"calls_total\":" + std::to_string(next_) + ",\"capacity\":" + std::to_string(cap());
+    // Where this rank is now outside collx: in the continuations (callbacks) of a call's work
+    // since in_callback_since_ns (0: not), its calls from Python or not
+    o += ",\"in_callback_since_ns\":" + std::to_string(user_since_.load(std::memory_order_relaxed)) + ",\"caller\":\"" +
+         (caller_language.load(std::memory_order_relaxed) & position::kPython ? "Python" : "C++") + "\"";
+    o += ",\"waits\":{\"calls\":" + std::to_string(cum_.calls) + ",\"busy_ns\":" + std::to_string(cum_.busy_ns) + ",\"waited_ns\":[";
+    for (std::size_t p = 0; p < cum_.waited_ns.size(); ++p) o += (p ? "," : "") + std::to_string(cum_.waited_ns[p]);
+    o += "],\"late_ns\":[";
+    for (std::size_t p = 0; p < cum_.late_ns.size(); ++p) o += (p ? "," : "") + std::to_string(cum_.late_ns[p]);
+    o += "]},\"calls\":[";
+    const std::uint64_t first = next_ > cap() ? next_ - cap() : 0;
+    for (std::uint64_t i = first; i < next_; ++i) {
+      const flight_entry e = snapshot(i);
+      if (i != first) o += ",";
+      o += "{\"index\":" + std::to_string(e.index) + ",\"seq\":" + std::to_string(e.sig.seq) + ",\"collective\":";
+      json_string(o, sig_text(e.sig.collective, sizeof e.sig.collective));
+      o += ",\"policy\":";
+      json_string(o, sig_text(e.sig.policy, sizeof e.sig.policy));
+      o += ",\"op\":";
+      json_string(o, sig_text(e.sig.op, sizeof e.sig.op));
+      o += ",\"count\":" + std::to_string(e.sig.count) + ",\"elem_size\":" + std::to_string(e.sig.elem_size) +
+           ",\"root\":" + std::to_string(e.sig.root) + ",\"state\":\"" + to_string(e.state) +
+           "\",\"issued_ns\":" + std::to_string(e.issued_ns) + ",\"start_ns\":" + std::to_string(e.start_ns) +
+           ",\"end_ns\":" + std::to_string(e.end_ns) + ",\"waited_ns\":" + std::to_string(e.waited_ns) +
+           ",\"waiting_for\":" + std::to_string(e.waiting_for) + ",\"peers\":[";
+      for (int k = 0; k < e.n_peers; ++k) {
+        const peer_wait& w = e.peers[std::size_t(k)];
+        o += std::string(k ? "," : "") + "{\"peer\":" + std::to_string(w.peer) + ",\"waited_ns\":" + std::to_string(w.waited_ns) +
+             ",\"late_ns\":" + std::to_string(w.late_ns) + "}";
+      }
+      o += "]";
+      if (e.state == call_state::failed) {
+        o += ",\"code\":" + std::to_string(e.code) + ",\"error\":";
+        json_string(o, e.error);
+      }
+      o += "}";
+    }
+    return o + "]}";
+  }
+
+  void set_dump_on_error(bool on) noexcept {
+    std::lock_guard g(mu_);
+    dump_on_error_ = on;
+  }
+
+ private:
+  static constexpr int kDepth = 4;  // calls made inside calls (automatic's setup inside its first call)
+  struct open_call {
+    call_record rec;
+    std::vector<std::int64_t> w, late;
+    std::vector<int> touched, heard;
+    std::vector<std::int64_t> late_blame;  // per touched peer, filled at close
+    std::uint64_t index = 0;
+    std::size_t slot = 0;  // its entry in ring_ (index % cap())
+    call_signature sig;  // kept only for debug lines (dbg_)
+    position_words published;  // what open() put on the board: put back when a nested call ends
+    bool live = false;  // guarded by mu_
+    void touched_late(int, std::int64_t late) { late_blame.push_back(late); }
+  };
+
+  /// WARN for a failed call, TRACE for every call: what it was, how long it took and waited.
+  void debug_line(int d, bool failed, std::int64_t end, const std::array<peer_wait, flight_entry::kPeers>& top, int n_top) noexcept {
+    try {
+      const call_record& r = open_[d].rec;
+      if (r.policy != nullptr) set_name(open_[d].sig.policy, r.policy);
+      std::string m = sig_text(open_[d].sig.collective, sizeof open_[d].sig.collective).empty() ? "call" : open_[d].sig.describe();
+      if (id_ != nullptr && !id_->is_job()) m += " on " + id_->name;
+      char b[96];
+      std::snprintf(b, sizeof b, ": %s in %.1f us, waited %.1f us", failed ? "failed" : "done", double(end - r.entered_ns) / 1e3,
+                    double(r.waited_live.load(std::memory_order_relaxed)) / 1e3);
+      m += b;
+      for (int k = 0; k < n_top; ++k) {
+        std::snprintf(b, sizeof b, "%s rank %d %.1f us", k == 0 ? " (on" : ",", top[std::size_t(k)].peer,
+                      double(top[std::size_t(k)].waited_ns) / 1e3);
+        m += b;
+      }
+      if (n_top > 0) m += ")";
+      if (failed) m += ": " + (r.error.empty() ? std::string("an exception left the call") : r.error);
+      dbg_->write(failed ? debug_level::warn : debug_level::trace, m);
+    } catch (...) {
+    }
+  }
+  static position_words publish(position& p, const call_signature& sig, std::uint64_t state) noexcept {
+    position_words w;
+    static_assert(sizeof sig.collective == sizeof w.name);
+    std::memcpy(w.name, sig.collective, sizeof w.name);
+    w.seq_state = sig.seq << 2 | state;
+    put(p, w, sig.entered_ns);
+    return w;
+  }
+  static void put(position& p, const position_words& w, std::int64_t alive) noexcept {
+    p.name[0].store(w.name[0], std::memory_order_relaxed);
+    p.name[1].store(w.name[1], std::memory_order_relaxed);
+    p.waiting_for.store(-1, std::memory_order_relaxed);
+    p.alive_ns.store(alive, std::memory_order_relaxed);
+    p.seq_state.store(w.seq_state, std::memory_order_relaxed);
+  }
+  int job_rank_locked() const noexcept { return id_ == nullptr ? rank_ : id_->job_rank(rank_); }
+  /// The ring grows as calls come, up to cap() entries (a communicator that makes few calls
+  /// keeps few), by doubling; head_ is its size when it must.
+  void grow() { ring_.resize(std::min(cap(), std::max<std::size_t>(16, ring_.size() * 2))); }
+  /// An open call's per-peer state, sized to the communicator (once a depth).
+  void size_up(open_call& o) {
+    o.w.assign(std::size_t(size_), 0);
+    o.late.assign(std::size_t(size_), -1);
+    o.touched.assign(std::size_t(size_), 0);
+    o.heard.assign(std::size_t(size_), 0);
+    o.late_blame.reserve(std::size_t(size_));  // close() must not allocate
+    call_record& r = o.rec;
+    r.wait_by_peer = o.w.data();
+    r.late_by_peer = o.late.data();
+    r.touched = o.touched.data();
+    r.n_touched = 0;
+    r.heard = o.heard.data();
+    r.n_heard = 0;
+    r.size = size_;
+  }
+  /// The peers a closing call waited on longest (top, longest first), and what each one's late
+  /// entry explains (o.late_blame, per touched peer).
+  static void rank_waits(open_call& o, std::array<peer_wait, flight_entry::kPeers>& top, int& n_top) noexcept {
+    const call_record& r = o.rec;
+    for (int i = 0; i < r.n_touched; ++i) {
+      const int p = r.touched[i];
+      const std::int64_t w = o.w[std::size_t(p)];
+      const std::int64_t late = o.late[std::size_t(p)] > 0 ? std::min(w, o.late[std::size_t(p)]) : 0;
+      const peer_wait pw{p, w, late};
+      int at = n_top;
+      while (at > 0 && top[std::size_t(at - 1)].waited_ns < w) --at;
+      if (at < int(top.size())) {
+        for (int k = std::min(n_top, int(top.size()) - 1); k > at; --k) top[std::size_t(k)] = top[std::size_t(k - 1)];
+        top[std::size_t(at)] = pw;
+        n_top = std::min(n_top + 1, int(top.size()));
+      }
+      o.touched_late(p, late);
+    }
+  }
+  /// Entry i under mu_, with a running call's live wait state.
+  flight_entry snapshot(std::uint64_t i) const {
+    flight_entry e = ring_[std::size_t(i % cap())];
+    if (e.state == call_state::running)
+      for (int d = 0; d < kDepth; ++d)
+        if (open_[d].live && open_[d].index == i) {
+          e.waiting_for = open_[d].rec.waiting_for.load(std::memory_order_relaxed);
+          e.waited_ns = open_[d].rec.waited_live.load(std::memory_order_relaxed);
+        }
+    return e;
+  }
+
+  std::atomic<std::size_t> cap_;  // set before the first call (bind); a dump may read it meanwhile
+  std::size_t cap() const noexcept { return cap_.load(std::memory_order_relaxed); }
+  position_board board_;      // the communicator's, where its transport has one
+  position* pos_ = nullptr;   // this rank's on it
+  const debug_log* dbg_ = nullptr;  // the communicator's, when it prints WARN or more
+  mutable record_lock mu_;
+  std::vector<flight_entry> ring_;
+  std::uint64_t next_ = 0;
+  std::size_t head_ = 0;  // next_ % cap(): where the next call's entry goes
+  std::array<open_call, kDepth> open_{};
+  int depth_ = 0;  // the runner's own
+  wait_table cum_;
+  const comm_identity* id_ = nullptr;
+  std::atomic<std::int64_t> user_since_{0};
+  int rank_ = 0, size_ = 0;
+  const char* transport_ = nullptr;
+  bool dump_on_error_ = true;
+};
+
+inline std::string dump_dir() { return env_string("COLLX_DUMP_DIR"); }
+
+/// Every communicator of job rank `job_rank` in this process, as one JSON document.
+inline std::string job_rank_json(int job_rank, const char* reason) {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  std::string o = "{\"collx_flight_recorder\":1,\"job_rank\":" + std::to_string(job_rank) + ",\"host\":";
+  json_string(o, host);
+  o += ",\"pid\":" + std::to_string(::getpid()) + ",\"time_ns\":" + std::to_string(wall_ns()) + ",\"reason\":";
+  json_string(o, reason);
+  o += ",\"communicators\":[";
+  auto& r = flight_recorders();
+  std::lock_guard g(r.mu);
+  bool first = true;
+  for (const flight_recorder* f : r.all) {
+    if (f->job_rank() != job_rank || !f->enabled()) continue;
+    if (!first) o += ",";
+    first = false;
+    o += f->json();
+  }
+  return o + "]}\n";
+}
+
+/// Writes the dump of `job_rank` to dir/collx-rank<R>.json (through a temporary file, so a
+/// reader never sees half of one). Returns the path.
+inline std::string write_dump(const std::string& dir, int job_rank, const char* reason) {
+  const std::string body = job_rank_json(job_rank, reason);
+  const std::string path = dir + "/collx-rank" + std::to_string(job_rank) + ".json";
+  const std::string tmp = path + ".tmp" + std::to_string(::getpid()) + "." +
+                          std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()));
+  std::FILE* f = std::fopen(tmp.c_str(), "w");
+  if (f == nullptr)
+    throw error(errc::invalid_argument, "collx flight recorder: cannot write " + tmp + " (COLLX_DUMP_DIR=" + dir + ")");
+  const bool ok = std::fwrite(body.data(), 1, body.size(), f) == body.size();
+  if (std::fclose(f) != 0 || !ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw error(errc::invalid_argument, "collx flight recorder: cannot write " + path);
+  }
+  return path;
+}
+
+/// note_blocked_hook (core/call_info.hpp): the blocked rank's positions on its other communicators.
+inline void note_blocked(const call_info& c, int peer, bool on) noexcept {
+  const int me = c.comm == nullptr ? c.rank : c.comm->job_rank(c.rank);
+  auto& r = flight_recorders();
+  std::lock_guard g(r.mu);
+  for (flight_recorder* x : r.all) x->mark_elsewhere(me, c, peer, on);
+}
+inline const bool note_blocked_installed = (note_blocked_hook = &note_blocked, true);
+
+inline void dump_job_rank_noexcept(int job_rank, const char* reason) noexcept {
+  try {
+    const std::string dir = dump_dir();
+    if (!dir.empty()) write_dump(dir, job_rank, reason);
+  } catch (...) {
+    // a dump that cannot be written must not hide the call's own error
+  }
+}
+
+/// Every job rank of this process dumped (the signal's thread).
+inline void dump_all_noexcept(const char* reason) noexcept {
+  try {
+    std::vector<int> ranks;
+    {
+      auto& r = flight_recorders();
+      std::lock_guard g(r.mu);
+      for (const flight_recorder* f : r.all) ranks.push_back(f->job_rank());
+    }
+    std::sort(ranks.begin(), ranks.end());
+    ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+    std::string dir = dump_dir();
+    if (dir.empty()) dir = ".";
+    for (int j : ranks) write_dump(dir, j, reason);
+  } catch (...) {
+  }
+}
+
+}  // namespace detail
+
+namespace flight {
+
+/// The rank of a group that its peers' waits blame, when one stands out: given per rank the
+/// wait the others' tables blame on it (`late`, wait_table::late_ns summed over the group) and
+/// its time in calls (`busy`), the rank whose blame is over half the group's, at least three
+/// times the next rank's, at least a fifth of the median time in calls and at least 1 ms; -1
+/// when none is (noise: on a crowded host every rank is a little late now and then).
+/// collx-perf --waits and collx-trace mark a straggler by this rule.
+inline int straggler(const std::vector<std::int64_t>& late, const std::vector<std::int64_t>& busy) {
+  std::int64_t total = 0, best = 0, second = 0;
+  int who = -1;
+  for (std::size_t r = 0; r < late.size(); ++r) {
+    total += late[r];
+    if (late[r] > best) {
+      second = best;
+      best = late[r];
+      who = int(r);
+    } else if (late[r] > second) {
+      second = late[r];
+    }
+  }
+  std::vector<std::int64_t> b = busy;
+  std::sort(b.begin(), b.end());
+  const std::int64_t median = b.empty() ? 0 : b[b.size() / 2];
+  const bool stands_out = best >= 1'000'000 && 2 * best > total && best >= 3 * second && 5 * best >= median;
+  return who >= 0 && stands_out ? who : -1;
+}
+
+/// This rank's wait table on comm: per peer, the time waited on it and the part its late entry
+/// explains (core/flight_record.hpp), with the calls counted and the time spent in them.
+template <class Comm>
+wait_table waits(const Comm& comm) {
+  return comm.recorder().waits();
+}
+
+/// comm's recorded calls, oldest first (the last COLLX_FLIGHT_RECORDER of them).
+template <class Comm>
+std::vector<flight_entry> records(const Comm& comm) {
+  return comm.recorder().entries();
+}
+
+/// The language this process's collx calls come from, for the desync report: a peer that
+/// finds this rank outside collx says "in its own code (Python)", or "in the callbacks of ... 's
+/// work (Python)". The torch backend calls it with true as it loads.
+inline void set_caller_python(bool python) noexcept {
+  detail::caller_language.store(python ? detail::position::kPython : 0, std::memory_order_relaxed);
+}
+
+/// comm's record as one JSON object (as in a dump's "communicators").
+template <class Comm>
+std::string json(const Comm& comm) {
+  return comm.recorder().json();
+}
+
+/// Writes every communicator of job rank `job_rank` in this process to
+/// `dir`/collx-rank<R>.json (dir: COLLX_DUMP_DIR, else the current directory); returns the path.
+inline std::string dump(int job_rank, std::string dir = {}) {
+  if (dir.empty()) dir = detail::dump_dir();
+  if (dir.empty()) dir = ".";
+  return detail::write_dump(dir, job_rank, "asked for (collx::flight::dump)");
+}
+
+/// From now on, SIGUSR2 (or `sig`) dumps every job rank of this process into COLLX_DUMP_DIR
+/// (else the current directory): a handler writes one byte to a pipe, and a thread started here
+/// does the dumping (a handler may not allocate or lock). Idempotent.
+inline void dump_on_signal(int sig = SIGUSR2) {
+  auto& r = detail::flight_recorders();
+  if (r.signal_thread.exchange(true)) return;
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) {
+    r.signal_thread = false;
+    throw error(errc::transport_error, "collx flight recorder: pipe2 failed for the dump signal");
+  }
+  r.pipe_w = fds[1];
+  std::thread([rd = fds[0]] {
+    char c;
+    while (::read(rd, &c, 1) == 1) detail::dump_all_noexcept("signal");
+  }).detach();
+  struct sigaction sa {};
+  sa.sa_handler = [](int) {
+    const int saved = errno;
+    const char c = 1;
+    [[maybe_unused]] auto n = ::write(detail::flight_recorders().pipe_w, &c, 1);
+    errno = saved;
+  };
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  ::sigaction(sig, &sa, nullptr);
+}
+
+}  // namespace flight
+
+}  // namespace collx

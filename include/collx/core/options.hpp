@@ -1,0 +1,24 @@
+#pragma once
+// A communicator's options and the deadline every wait of collx has by default. On the ground
+// floor: a transport's own configuration (shm's attach deadline, tcp's rendezvous deadline)
+// defaults to the same deadline as the communicator that will own it.
+#include <chrono>
+#include <cstdint>
+
+#include "settings.hpp"
+
+namespace collx {
+
+namespace detail {
+/// options::timeout's default: COLLX_TIMEOUT_S (seconds, may be fractional) or 300 s.
+inline std::chrono::nanoseconds default_timeout() {
+  return std::chrono::nanoseconds(static_cast<std::int64_t>(env_seconds("COLLX_TIMEOUT_S", 300) * 1e9));
+}
+}  // namespace detail
+
+struct options {
+  /// The longest any single wait may take before the call fails with errc::timeout.
+  std::chrono::nanoseconds timeout = detail::default_timeout();
+};
+
+}  // namespace collx
