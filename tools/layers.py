@@ -35,7 +35,7 @@ FLOORS = [
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 INC = os.path.join(ROOT, "include", "collx")
-INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+INCLUDE = re.compile(r'^\s*#\s*include\s+(?:"([^"]+)"|<(collx/[^>]+)>)', re.M)
 
 
 def floor_of(rel):
@@ -55,15 +55,30 @@ def headers():
     return sorted(out)
 
 
-def edges():
-    """(from, to) for every quoted include, both relative to include/collx."""
+def edges(unresolved=None):
+    """(from, to) for every include of a collx header (quoted, relative to the including file or
+    to include/, or <collx/...>), both relative to include/collx. An include of neither kind that
+    names no file goes to `unresolved` (a check problem: an include the check cannot place)."""
     out = []
     for h in headers():
         text = open(os.path.join(INC, h), encoding="utf-8").read()
         for m in INCLUDE.finditer(text):
-            target = os.path.normpath(os.path.join(os.path.dirname(h), m.group(1))).replace(os.sep, "/")
-            if os.path.exists(os.path.join(INC, target)):
-                out.append((h, target))
+            if m.group(2):
+                cands = [m.group(2)[len("collx/"):]]
+            else:
+                cands = [os.path.join(os.path.dirname(h), m.group(1)), m.group(1)[len("collx/"):] if m.group(1).startswith("collx/") else None]
+            found = None
+            for c in cands:
+                if c is None:
+                    continue
+                t = os.path.normpath(c).replace(os.sep, "/")
+                if os.path.exists(os.path.join(INC, t)):
+                    found = t
+                    break
+            if found:
+                out.append((h, found))
+            elif unresolved is not None and (m.group(2) or not os.path.isabs(m.group(1))):
+                unresolved.append(f"include/collx/{h}: #include {m.group(0).split('include', 1)[1].strip()} names no header of collx")
     return out
 
 
@@ -72,7 +87,10 @@ def problems():
     for h in headers():
         if floor_of(h) is None:
             bad.append(f"include/collx/{h}: its folder is on no floor (add it to FLOORS in tools/layers.py)")
-    for a, b in edges():
+    unresolved = []
+    es = edges(unresolved)
+    bad += unresolved
+    for a, b in es:
         fa, fb = floor_of(a), floor_of(b)
         if fa is None or fb is None:
             continue

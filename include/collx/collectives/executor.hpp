@@ -274,8 +274,11 @@ void execute(communicator<T>& comm, const call_info& call, const schedule& s, co
   execute<T, E, Op>(comm, call, s, flat_buffers<E>{in, out}, op);
 }
 
+/// A schedule's kind: its address tells the (policy, problem, variant) types apart. Not const:
+/// a linker that folds identical read-only constants (lld --icf=all, -fmerge-all-constants) could
+/// give two kinds one address, and two schedules one key.
 template <class Policy, class Problem, int Variant>
-inline const char schedule_kind = 0;
+inline char schedule_kind = 0;
 
 /// The cached schedule of `pol` for problem `p`, built by `build` when not cached. The key is
 /// every field of the policy and of the problem (comm/schedule_cache.hpp: add_fields), and

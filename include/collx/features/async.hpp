@@ -17,6 +17,7 @@
 #include <functional>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "../collectives/all_gather.hpp"
 #include "../collectives/all_reduce.hpp"
@@ -76,11 +77,12 @@ COLLX_ASYNC_CALL(sendrecv)
 #undef COLLX_ASYNC_CALL
 
 /// recv_any as a nonblocking call: once the work is done, `*source` is the rank the message came
-/// from (`source` must outlive the call; nullptr: not wanted).
+/// from (`source` must outlive the call; nullptr: not wanted). `from` is copied when the call is
+/// issued.
 template <class T, class E>
 work recv_any(communicator<T>& comm, std::span<E> data, int* source, std::span<const int> from = {}) {
-  return detail::submit(comm, "recv_any", [&comm, data, source, from]() {
-    const int src = ::collx::recv_any(comm, data, from);
+  return detail::submit(comm, "recv_any", [&comm, data, source, peers = std::vector<int>(from.begin(), from.end())]() {
+    const int src = ::collx::recv_any(comm, data, std::span<const int>(peers));
     if (source != nullptr) *source = src;
   });
 }

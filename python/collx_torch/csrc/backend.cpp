@@ -27,7 +27,7 @@
 namespace collx_torch {
 
 const char* red_name(red r) noexcept {
-  static const char* const names[] = {"SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"};
+  static const char* const names[] = {"SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "AVG"};
   return names[int(r)];
 }
 
@@ -237,7 +237,6 @@ at::Tensor flat_of(const std::vector<at::Tensor>& ts, const at::Tensor& like) {
 
 struct reduce_op {
   red r = red::sum;
-  bool avg = false;
   std::optional<double> factor;            // PREMUL_SUM with a scalar
   std::optional<at::Tensor> factor_tensor;  // PREMUL_SUM with a tensor
 };
@@ -250,8 +249,7 @@ reduce_op to_op(const c10d::ReduceOp& op, at::ScalarType t, const char* what) {
     case c10d::ReduceOp::SUM: o.r = is_bool ? red::bor : red::sum; break;
     case c10d::ReduceOp::AVG:
       TORCH_CHECK(!is_bool, "collx: ", what, ": AVG of a bool tensor is not defined");
-      o.r = red::sum;
-      o.avg = true;
+      o.r = red::avg;
       break;
     case c10d::ReduceOp::PRODUCT: o.r = is_bool ? red::band : red::prod; break;
     case c10d::ReduceOp::MIN: o.r = is_bool ? red::band : red::min; break;
@@ -294,11 +292,6 @@ void with_element(at::ScalarType t, F&& f) {
 void before_reduce(at::Tensor& t, const reduce_op& o) {
   if (o.factor) t.mul_(*o.factor);
   if (o.factor_tensor) t.mul_(*o.factor_tensor);
-}
-void after_reduce(at::Tensor& t, const reduce_op& o, int n) {
-  if (!o.avg) return;
-  if (at::isFloatingType(t.scalar_type())) t.div_(n);
-  else t.div_(n, "trunc");
 }
 
 }  // namespace
@@ -409,15 +402,13 @@ class ProcessGroupCollx final : public c10d::ProcessGroup {
     check_one(tensors, "allreduce");
     at::Tensor t = tensors[0];
     const reduce_op o = to_op(opts.reduceOp, t.scalar_type(), "allreduce");
-    const int n = getSize();
-    return enqueue(c10d::OpType::ALLREDUCE, tensors, [t, o, n](comm_t& c) {
+    return enqueue(c10d::OpType::ALLREDUCE, tensors, [t, o](comm_t& c) {
       at::Tensor b = t.contiguous();
       before_reduce(b, o);
       with_element(b.scalar_type(), [&](auto e) {
         using E = decltype(e);
         reducer<E>::all_reduce(c, static_cast<E*>(b.data_ptr()), std::size_t(b.numel()), o.r);
       });
-      after_reduce(b, o, n);
       if (!b.is_same(t)) t.copy_(b);
     });
   }
@@ -431,9 +422,8 @@ class ProcessGroupCollx final : public c10d::ProcessGroup {
                   c10::toString(tensors[0].scalar_type()), " and ", c10::toString(t.scalar_type()), ")");
     }
     const reduce_op o = to_op(opts.reduceOp, tensors[0].scalar_type(), "allreduce_coalesced");
-    const int n = getSize();
     std::vector<at::Tensor> ts = tensors;
-    return enqueue(c10d::OpType::ALLREDUCE_COALESCED, tensors, [ts, o, n](comm_t& c) {
+    return enqueue(c10d::OpType::ALLREDUCE_COALESCED, tensors, [ts, o](comm_t& c) {
       std::vector<at::Tensor> bs;
       for (const auto& t : ts) {
         bs.push_back(t.contiguous());
@@ -446,7 +436,6 @@ class ProcessGroupCollx final : public c10d::ProcessGroup {
         reducer<E>::all_reduce_many(c, bufs, o.r);
       });
       for (std::size_t i = 0; i < ts.size(); ++i) {
-        after_reduce(bs[i], o, n);
         if (!bs[i].is_same(ts[i])) ts[i].copy_(bs[i]);
       }
     });
@@ -456,8 +445,8 @@ class ProcessGroupCollx final : public c10d::ProcessGroup {
     check_one(tensors, "reduce");
     at::Tensor t = tensors[0];
     const reduce_op o = to_op(opts.reduceOp, t.scalar_type(), "reduce");
-    const int root = int(opts.rootRank), n = getSize(), me = getRank();
-    return enqueue(c10d::OpType::REDUCE, tensors, [t, o, root, n, me](comm_t& c) {
+    const int root = int(opts.rootRank), me = getRank();
+    return enqueue(c10d::OpType::REDUCE, tensors, [t, o, root, me](comm_t& c) {
       at::Tensor in = t.contiguous();
       if (o.factor || o.factor_tensor) {
         in = in.clone();
@@ -470,7 +459,6 @@ class ProcessGroupCollx final : public c10d::ProcessGroup {
                            std::size_t(in.numel()), o.r, root);
       });
       if (me == root) {
-        after_reduce(out, o, n);
         t.copy_(out);
       }
     });
@@ -593,10 +581,9 @@ class ProcessGroupCollx final : public c10d::ProcessGroup {
     const reduce_op o = to_op(opts.reduceOp, outputs[0].scalar_type(), "reduce_scatter");
     std::vector<at::Tensor> ins = inputs[0];
     at::Tensor out = outputs[0];
-    const int n = getSize();
-    return enqueue(c10d::OpType::REDUCE_SCATTER, outputs, [ins, out, o, n](comm_t& c) {
+    return enqueue(c10d::OpType::REDUCE_SCATTER, outputs, [ins, out, o](comm_t& c) {
       at::Tensor src = flat_of(ins, out);
-      run_reduce_scatter(c, src, out, o, n);
+      run_reduce_scatter(c, src, out, o);
     });
   }
 
@@ -609,10 +596,9 @@ class ProcessGroupCollx final : public c10d::ProcessGroup {
                 " elements, not ", getSize(), " x the output's ", output.numel());
     const reduce_op o = to_op(opts.reduceOp, output.scalar_type(), "_reduce_scatter_base");
     at::Tensor in = input, out = output;
-    const int n = getSize();
-    return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, [in, out, o, n](comm_t& c) {
+    return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, [in, out, o](comm_t& c) {
       at::Tensor src = (o.factor || o.factor_tensor) ? in.contiguous().clone() : in.contiguous();
-      run_reduce_scatter(c, src, out, o, n);
+      run_reduce_scatter(c, src, out, o);
     });
   }
 
@@ -758,14 +744,13 @@ class ProcessGroupCollx final : public c10d::ProcessGroup {
     return c10::make_intrusive<CollxWork>(getRank(), type, batch_slot_, fut);
   }
 
-  static void run_reduce_scatter(comm_t& c, at::Tensor& src, const at::Tensor& out, const reduce_op& o, int n) {
+  static void run_reduce_scatter(comm_t& c, at::Tensor& src, const at::Tensor& out, const reduce_op& o) {
     before_reduce(src, o);
     at::Tensor dst = out.contiguous();
     with_element(src.scalar_type(), [&](auto e) {
       using E = decltype(e);
       reducer<E>::reduce_scatter(c, static_cast<const E*>(src.data_ptr()), static_cast<E*>(dst.data_ptr()), std::size_t(dst.numel()), o.r);
     });
-    after_reduce(dst, o, n);
     if (!dst.is_same(out)) const_cast<at::Tensor&>(out).copy_(dst);
   }
 

@@ -15,9 +15,11 @@ namespace collx_torch {
 
 using comm_t = collx::communicator<collx::transport::any>;
 
-/// The reduction ops collx runs for torch. AVG is a sum divided afterwards and PREMUL_SUM a
-/// multiplication before (backend.cpp); bool tensors reduce as bytes (SUM/MAX = bor, PRODUCT/MIN = band).
-enum class red : int { sum, prod, min, max, band, bor, bxor };
+/// The reduction ops collx runs for torch: each torch ReduceOp is one collx op (AVG is
+/// collx::ops::avg, which divides inside the call);
+/// PREMUL_SUM is a sum after a multiplication (backend.cpp); bool tensors reduce as bytes
+/// (SUM/MAX = bor, PRODUCT/MIN = band).
+enum class red : int { sum, prod, min, max, band, bor, bxor, avg };
 const char* red_name(red r) noexcept;
 
 template <class E>

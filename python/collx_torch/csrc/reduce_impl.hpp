@@ -16,6 +16,7 @@ void with_op(red r, F&& f) {
     case red::prod: return f(collx::ops::prod{});
     case red::min: return f(collx::ops::min{});
     case red::max: return f(collx::ops::max{});
+    case red::avg: return f(collx::ops::avg{});
     default: break;
   }
   if constexpr (std::is_integral_v<E>) {
