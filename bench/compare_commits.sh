@@ -11,7 +11,7 @@
 #   transport x N x collective x size      (collx-perf --algo $ALGO -b size -e size)
 #
 # Environment (defaults in brackets):
-#   WORK [/tmp/collx-compare]       worktrees and builds.
+#   WORK [<repo>/build-compare]     worktrees and builds (ignored by git).
 #   REPS [5]                        repetitions (medians over them).
 #   TRANSPORTS ["shm threads"]      NS ["2 4"]      ALGO [automatic]
 #   COLLS ["all_reduce broadcast all_gather reduce_scatter"]
@@ -21,7 +21,7 @@ set -euo pipefail
 
 [[ $# -eq 2 ]] || { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 2; }
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-WORK=${WORK:-/tmp/collx-compare}
+WORK=${WORK:-$root/build-compare}
 REPS=${REPS:-5}
 TRANSPORTS=${TRANSPORTS:-"shm threads"}
 NS=${NS:-"2 4"}
