@@ -85,6 +85,28 @@ TEST_CASE("over shm: all_to_all_v with uneven blocks", "[shm]") {
   }
 }
 
+/// Processes whose pools hold one data slot and no single copy: a step that sends to several
+/// peers at once runs its pools dry, and its sends go on in small buffers and lines (the
+/// trickle: shm/channel.hpp, stalled) while the slot's chunk waits for its receiver.
+struct processes_one_slot {
+  template <class F>
+  void operator()(int n, F&& f) const {
+    collx::transport::shm::config cfg;
+    cfg.slots = 1;
+    cfg.single_copy_from(~std::size_t(0));
+    collx::launch_processes(n, std::forward<F>(f), collx::options{}, cfg);
+  }
+};
+
+TEST_CASE("over shm: one data slot per rank: sends to several peers at once go on in smaller buffers", "[shm][trickle]") {
+  for (int n : {3, 5}) {
+    CAPTURE(n);
+    CHECK(run_all_to_all_v<processes_one_slot>(n) == "");
+    CHECK(run_all_reduce<float, collx::ops::sum, algo::tree, processes_one_slot>(n, 100003, false) == "");
+    CHECK(run_all_gather<float, algo::pairwise, processes_one_slot>(n, 20011) == "");
+  }
+}
+
 TEST_CASE("over shm: two jobs at once never mix", "[shm]") {
   // Each job has its own launching process: fork() while a second thread runs gives the child the
   // locks that thread held (under ASan its allocator's: clang 14's runtime takes no lock around

@@ -33,6 +33,7 @@
 #include "../core/call_info.hpp"
 #include "../core/split_plan.hpp"
 #include "../core/deliver.hpp"
+#include "engine.hpp"
 
 namespace collx::transport {
 
@@ -45,6 +46,12 @@ class inproc {
   /// Messages a sender may have outstanding to one receiver before it must wait for it: a
   /// larger step just takes turns (the loop serves receives while its sends wait for room).
   static constexpr std::uint32_t kDepth = 16;
+
+  struct send_state {
+    std::uint32_t ticket = 0;  // the `consumed` count that acknowledges it (counters wrap)
+  };
+  struct recv_state {};
+  using step = engine::step<send_state, recv_state, true>;
 
   struct message {
     const std::byte* data = nullptr;
@@ -229,8 +236,7 @@ class inproc {
       g_ = std::move(o.g_);
       rank_ = o.rank_;
       spin_ = o.spin_;
-      ss_ = std::move(o.ss_);
-      rs_ = std::move(o.rs_);
+      st_ = std::move(o.st_);
     }
     return *this;
   }
@@ -261,144 +267,8 @@ class inproc {
   }
 
   void exchange(std::span<const send_desc> sends, std::span<const recv_desc> recvs, const exchange_context& ctx) {
-    const call_info& call = *ctx.call;
-    check_live(call);
-    ss_.assign(sends.size(), {});
-    rs_.assign(recvs.size(), {});
-    std::size_t pending = sends.size() + recvs.size();
-
-    // A send may be posted once every earlier send of the step to the same peer is (a channel
-    // is a queue); it is done when acknowledged. A receive may run once it is first to its
-    // peer and its operand is final (may_progress).
-    auto may_post = [&](std::size_t i) {
-      for (std::size_t j = 0; j < i; ++j)
-        if (!ss_[j].posted && sends[j].peer == sends[i].peer) return false;
-      return true;
-    };
-    auto advance = [&]() -> bool {
-      bool moved = false;
-      for (std::size_t i = 0; i < sends.size(); ++i) {
-        send_state& st = ss_[i];
-        if (st.done) continue;
-        const send_desc& s = sends[i];
-        channel& ch = g_->chan(rank_, s.peer);
-        if (!st.posted) {
-          if (!may_post(i)) continue;
-          const std::uint32_t head = ch.posted.load(std::memory_order_relaxed);
-          if (head - ch.consumed.load(std::memory_order_acquire) >= kDepth) continue;
-          ch.slots[head % kDepth] = {s.data, s.bytes, s.spread, call.sig};
-          ch.posted.store(head + 1, std::memory_order_seq_cst);
-          g_->ring(s.peer);
-          st.posted = true;
-          st.ticket = head + 1;
-          moved = true;
-        }
-        if (std::int32_t(ch.consumed.load(std::memory_order_acquire) - st.ticket) >= 0) {
-          st.done = true;
-          --pending;
-          moved = true;
-        }
-      }
-      for (std::size_t i = 0; i < recvs.size(); ++i) {
-        if (rs_[i].done || !may_progress(recvs, rs_, i)) continue;
-        const recv_desc& r = recvs[i];
-        channel& ch = g_->chan(r.peer, rank_);
-        const std::uint32_t tail = ch.consumed.load(std::memory_order_relaxed);
-        if (ch.posted.load(std::memory_order_acquire) == tail) continue;
-        const message& m = ch.slots[tail % kDepth];
-        call.check_match(r.peer, m.sig, m.bytes, r.bytes);
-        call.heard(r.peer, m.sig);
-        ch.reading.store(1, std::memory_order_seq_cst);
-        if (g_->state(r.peer) == rank_state::failed) {
-          ch.reading.store(0, std::memory_order_seq_cst);
-          call.fail(errc::peer_lost, "lost " + call.peer(r.peer) + ": it failed: " + g_->why(r.peer));
-        }
-        detail::deliver_from(r, 0, send_desc{rank_, m.data, m.bytes, m.spread}, r.bytes, ctx.comb);
-        ch.consumed.store(tail + 1, std::memory_order_seq_cst);
-        ch.reading.store(0, std::memory_order_seq_cst);
-        g_->ring(r.peer);
-        rs_[i].done = true;
-        --pending;
-        moved = true;
-      }
-      return moved;
-    };
-    // Can anything move now? (no side effects)
-    auto ready = [&] {
-      for (std::size_t i = 0; i < sends.size(); ++i) {
-        if (ss_[i].done) continue;
-        const channel& ch = g_->chan(rank_, sends[i].peer);
-        const std::uint32_t consumed = ch.consumed.load(std::memory_order_acquire);
-        if (ss_[i].posted ? std::int32_t(consumed - ss_[i].ticket) >= 0
-                          : may_post(i) && ch.posted.load(std::memory_order_relaxed) - consumed < kDepth)
-          return true;
-      }
-      for (std::size_t i = 0; i < recvs.size(); ++i) {
-        if (rs_[i].done || !may_progress(recvs, rs_, i)) continue;
-        const channel& ch = g_->chan(recvs[i].peer, rank_);
-        if (ch.posted.load(std::memory_order_acquire) != ch.consumed.load(std::memory_order_relaxed)) return true;
-      }
-      return false;
-    };
-    auto first_pending = [&](const char*& what) {
-      for (std::size_t i = 0; i < recvs.size(); ++i)
-        if (!rs_[i].done) {
-          what = "its data";
-          return recvs[i].peer;
-        }
-      for (std::size_t i = 0; i < sends.size(); ++i)
-        if (!ss_[i].done) {
-          what = ctx.synchronous ? "it to receive this rank's message" : ss_[i].posted ? "it to take this rank's data" : "room in its queue";
-          return sends[i].peer;
-        }
-      return -1;
-    };
-    auto check = [&] {
-      // Ranks that disagree about the call's shape (a root, a policy) may never message each
-      // other directly; a pending message of the same call with another signature shows it.
-      for (int q = 0; q < size() && call.sig.seq != 0; ++q) {  // seq 0: point to point, not collective
-        if (q == rank_) continue;
-        const channel& in = g_->chan(q, rank_);
-        const std::uint32_t tail = in.consumed.load(std::memory_order_relaxed);
-        if (in.posted.load(std::memory_order_acquire) == tail) continue;
-        const message& m = in.slots[tail % kDepth];
-        if (m.sig.seq == call.sig.seq && !(m.sig == call.sig)) call.check_match(q, m.sig, m.bytes, m.bytes);
-      }
-      // The peers this step still waits for. One may have done its part (posted, or consumed
-      // ours) and then left or failed after this rank last looked: its state is written after
-      // that, so look again (ready) before blaming it.
-      auto waiting_on = [&](int p) {
-        for (std::size_t i = 0; i < recvs.size(); ++i)
-          if (!rs_[i].done && recvs[i].peer == p) return true;
-        for (std::size_t i = 0; i < sends.size(); ++i)
-          if (!ss_[i].done && sends[i].peer == p) return true;
-        return false;
-      };
-      const int f = g_->first_failed();
-      for (int p = 0; p < size(); ++p) {
-        if (p == rank_ || !waiting_on(p)) continue;
-        const rank_state ps = g_->state(p);
-        if (ps == rank_state::live) continue;
-        if (ready()) return;
-        if (ps == rank_state::failed)
-          call.fail(errc::peer_lost, "lost " + call.peer(p) + ": it failed: " + g_->why(p));
-        call.fail(errc::peer_lost, "lost " + call.peer(p) +
-                                       ": it has left the communicator (it made fewer calls than this rank)");
-      }
-      if (f >= 0 && f != rank_ && !ready()) {
-        const char* what = "";
-        const int p = first_pending(what);
-        call.fail(errc::peer_lost, "the job was aborted while waiting for " + call.peer(p) + ": " + call.peer(f) + " failed: " + g_->why(f));
-      }
-    };
-    while (pending != 0) {
-      if (advance()) continue;
-      const char* what = "";
-      const int p = first_pending(what);
-      detail::timed_wait tw(call, p);
-      if (detail::wait_on(g_->doorbell(rank_), ready, check, call.timeout, false, spin_, tw.hook()) == detail::wait_result::timed_out)
-        call.timed_out(p, what);
-    }
+    check_live(*ctx.call);
+    engine::exchange(*this, st_, sends, recvs, ctx);
   }
 
   /// Receive from any source (collectives/p2p.hpp, recv_any): waits until the channel from one
@@ -406,37 +276,118 @@ class inproc {
   /// that peer (the first in `peers` when several do). Nothing is taken.
   int probe(std::span<const int> peers, const call_info& call) {
     check_live(call);
-    int found = -1;
-    auto ready = [&] {
-      for (int p : peers) {
-        const channel& ch = g_->chan(p, rank_);
-        const std::uint32_t tail = ch.consumed.load(std::memory_order_relaxed);
-        if (ch.posted.load(std::memory_order_acquire) == tail) continue;
-        if (call.takes_any_source(ch.slots[tail % kDepth].sig)) {
-          found = p;
-          return true;
-        }
-      }
-      return false;
-    };
-    // A failure anywhere ends the wait, as in a step; peers that left only when all of them have.
-    auto check = [&] {
-      if (ready()) return;
-      if (const int f = g_->first_failed(); f >= 0 && f != rank_)
-        call.fail(errc::peer_lost, "the job was aborted while waiting for a message from any of " + call.peers(peers) + ": " +
-                                       call.peer(f) + " failed: " + g_->why(f));
-      const auto all_gone = [&] {
-        for (int p : peers)
-          if (g_->state(p) == rank_state::live) return false;
+    return engine::wait_any(*this, peers, call);
+  }
+
+  // ---- the channel (transport/engine.hpp) ----------------------------------------------------
+  // A send may be posted once every earlier send of the step to the same peer is (a channel is
+  // a queue: the step's Pipeline rule); it is done when acknowledged. A receive may run once it
+  // is first to its peer and its operand is final.
+
+  using token = std::uint32_t;
+  engine::moved try_send(step& s, std::size_t i) {
+    const send_desc& d = s.sends[i];
+    auto& o = s.so[i];
+    channel& ch = g_->chan(rank_, d.peer);
+    if (!o.handed) {
+      const std::uint32_t head = ch.posted.load(std::memory_order_relaxed);
+      if (head - ch.consumed.load(std::memory_order_acquire) >= kDepth) return engine::moved::nothing;
+      ch.slots[head % kDepth] = {d.data, d.bytes, d.spread, s.call->sig};
+      ch.posted.store(head + 1, std::memory_order_seq_cst);
+      g_->ring(d.peer);
+      o.s.ticket = head + 1;
+      return engine::moved::handed;
+    }
+    return acked(ch, o.s.ticket) ? engine::moved::done : engine::moved::nothing;
+  }
+  engine::moved try_recv(step& s, std::size_t i) {
+    const recv_desc& r = s.recvs[i];
+    const call_info& call = *s.call;
+    channel& ch = g_->chan(r.peer, rank_);
+    const std::uint32_t tail = ch.consumed.load(std::memory_order_relaxed);
+    if (ch.posted.load(std::memory_order_acquire) == tail) return engine::moved::nothing;
+    const message& m = ch.slots[tail % kDepth];
+    call.check_match(r.peer, m.sig, m.bytes, r.bytes);
+    call.heard(r.peer, m.sig);
+    ch.reading.store(1, std::memory_order_seq_cst);
+    if (g_->state(r.peer) == rank_state::failed) {
+      ch.reading.store(0, std::memory_order_seq_cst);
+      call.fail(errc::peer_lost, "lost " + call.peer(r.peer) + ": it failed: " + g_->why(r.peer));
+    }
+    detail::deliver_from(r, 0, send_desc{rank_, m.data, m.bytes, m.spread}, r.bytes, s.ctx->comb);
+    ch.consumed.store(tail + 1, std::memory_order_seq_cst);
+    ch.reading.store(0, std::memory_order_seq_cst);
+    g_->ring(r.peer);
+    return engine::moved::done;
+  }
+  /// Can anything move now? (no side effects)
+  bool ready(const step& s) const {
+    for (std::size_t i = 0; i < s.sends.size(); ++i) {
+      const auto& o = s.so[i];
+      if (o.done) continue;
+      const channel& ch = g_->chan(rank_, s.sends[i].peer);
+      if (o.handed ? acked(ch, o.s.ticket)
+                   : s.send_open(i) && ch.posted.load(std::memory_order_relaxed) - ch.consumed.load(std::memory_order_acquire) < kDepth)
         return true;
-      };
-      if (detail::gone_unready(all_gone, ready))
-        call.fail(errc::peer_lost, "every rank it could receive from has left the communicator (" + call.peers(peers) + ")");
-    };
-    detail::timed_wait tw(call, -1);
-    if (detail::wait_on(g_->doorbell(rank_), ready, check, call.timeout, false, spin_, tw.hook()) == detail::wait_result::timed_out)
-      call.timed_out_any(peers);
-    return found;
+    }
+    for (std::size_t i = 0; i < s.recvs.size(); ++i) {
+      if (s.ro[i].done || !s.recv_open(i)) continue;
+      const channel& ch = g_->chan(s.recvs[i].peer, rank_);
+      if (ch.posted.load(std::memory_order_acquire) != ch.consumed.load(std::memory_order_relaxed)) return true;
+    }
+    return false;
+  }
+  token arm() const noexcept { return g_->doorbell(rank_).word.load(std::memory_order_seq_cst); }
+  void sleep(const step& s, token t, std::chrono::nanoseconds d) {
+    engine::futex_sleep(g_->doorbell(rank_), t, false, d, [&] { return ready(s); });
+  }
+  void sleep_any(std::span<const int>, token t, std::chrono::nanoseconds d) {
+    engine::futex_sleep(g_->doorbell(rank_), t, false, d, [] { return false; });
+  }
+  engine::waiting spinning() const noexcept { return {spin_, {}, detail::kYieldIterations}; }
+  engine::fate fate_of(int p) const noexcept {
+    const rank_state st = g_->state(p);
+    return st == rank_state::live ? engine::fate::live : st == rank_state::left ? engine::fate::left : engine::fate::failed;
+  }
+  std::string why(int p) const {
+    return fate_of(p) == engine::fate::failed ? "it failed: " + g_->why(p)
+                                           : std::string("it has left the communicator (it made fewer calls than this rank)");
+  }
+  int failed_rank() const noexcept { return g_->first_failed(); }
+  std::string failure(int f) const { return g_->why(f); }
+  /// Ranks that disagree about the call's shape (a root, a policy) may never message each other
+  /// directly; a pending message of the same call with another signature shows it.
+  bool stalled(const step& s) const {
+    const call_info& call = *s.call;
+    for (int q = 0; q < size() && call.sig.seq != 0; ++q) {  // seq 0: point to point, not collective
+      if (q == rank_) continue;
+      const channel& in = g_->chan(q, rank_);
+      const std::uint32_t tail = in.consumed.load(std::memory_order_relaxed);
+      if (in.posted.load(std::memory_order_acquire) == tail) continue;
+      const message& m = in.slots[tail % kDepth];
+      if (m.sig.seq == call.sig.seq && !(m.sig == call.sig)) call.check_match(q, m.sig, m.bytes, m.bytes);
+    }
+    return false;
+  }
+  const char* waiting_for(const step& s, bool send, std::size_t i) const {
+    if (!send) return "its data";
+    return s.ctx->synchronous ? "it to receive this rank's message" : s.so[i].handed ? "it to take this rank's data" : "room in its queue";
+  }
+  /// recv_any's look (engine::wait_any): the first of `peers` whose channel holds a
+  /// point-to-point message of this communicator at its head; between sleeps (`slow`), a wait
+  /// on peers that have all left fails, their fates read before their channels.
+  int probe_head(std::span<const int> peers, const call_info& call, bool slow) const {
+    bool all_gone = slow;
+    for (int p : peers) all_gone = all_gone && g_->state(p) != rank_state::live;
+    for (int p : peers) {
+      const channel& ch = g_->chan(p, rank_);
+      const std::uint32_t tail = ch.consumed.load(std::memory_order_relaxed);
+      if (ch.posted.load(std::memory_order_acquire) == tail) continue;
+      if (call.takes_any_source(ch.slots[tail % kDepth].sig)) return p;
+    }
+    if (all_gone)
+      call.fail(errc::peer_lost, "every rank it could receive from has left the communicator (" + call.peers(peers) + ")");
+    return -1;
   }
 
   /// Marks this rank failed, then waits until no peer is still reading its memory, so the
@@ -460,18 +411,13 @@ class inproc {
       call.fail(errc::peer_lost, me == rank_state::failed ? "this rank already failed: " + g_->why(rank_)
                                                           : std::string("this rank has already left the communicator"));
   }
-  struct send_state {
-    bool posted = false, done = false;
-    std::uint32_t ticket = 0;  // the `consumed` count that acknowledges it (counters wrap)
-  };
-  struct recv_state {
-    bool done = false;
-  };
+  static bool acked(const channel& ch, std::uint32_t ticket) noexcept {
+    return std::int32_t(ch.consumed.load(std::memory_order_acquire) - ticket) >= 0;
+  }
   std::shared_ptr<group> g_;
   int rank_;
   int spin_;
-  std::vector<send_state> ss_;
-  std::vector<recv_state> rs_;
+  step st_;
 };
 
 }  // namespace collx::transport

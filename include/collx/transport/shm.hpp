@@ -71,6 +71,7 @@
 #include "shm/liveness.hpp"
 #include "shm/pool.hpp"
 #include "shm/segment.hpp"
+#include "engine.hpp"
 
 namespace collx::transport {
 
@@ -224,6 +225,7 @@ class shm {
       base_ = o.base_; bytes_ = o.bytes_; left_ = o.left_; aborted_ = o.aborted_; cma_ = o.cma_; spin_ = o.spin_;
       keeper_ = std::move(o.keeper_);
       pool_ = std::move(o.pool_);
+      st_ = std::move(o.st_);
       sig_ = o.sig_;
       o.base_ = nullptr; o.bytes_ = 0; o.left_ = true;
     }
@@ -248,271 +250,8 @@ class shm {
   bool single_copy() const noexcept { return cma_; }
 
   void exchange(std::span<const send_desc> sends, std::span<const recv_desc> recvs, const exchange_context& ctx) {
-    using namespace shm_layout;
-    const call_info& call = *ctx.call;
-    check_live(call);
-    const std::size_t elem = std::max<std::size_t>(1, ctx.comb.elem_size);
-    const std::size_t chunk = cfg_.slot_bytes / elem * elem;
-    if (chunk == 0)
-      call.fail(errc::invalid_argument, "an element of " + std::to_string(elem) + " B does not fit a " +
-                                            std::to_string(cfg_.slot_bytes) + " B shared-memory slot");
-    ss_.assign(sends.size(), {});
-    rs_.assign(recvs.size(), {});
-    std::size_t pending = sends.size() + recvs.size();
-    const std::uint64_t my_hash = call.sig.hash();
-    const std::uint32_t sig_at = publish(call.sig, my_hash);
-    // Single copy only for collectives that move data without reducing it: a receiver that
-    // reduces would do the kernel's copy and the reduction alone, while through the channel the
-    // sender's copy and the receiver's reduction overlap (see shm_config::single_copy_bytes).
-    const bool single_copy = cma_ && ctx.comb.fn == nullptr;
-    const bool crowded = spin_ < detail::kSpinIterations;
-    // Set by the wait's slow path when it moved a chunk in a smaller buffer (see check below).
-    bool trickled = false;
-
-    auto first_to = [](auto ops, const auto& st, std::size_t i) { return may_progress(ops, st, i); };
-    auto consumed_of = [&](int peer) { return ctl(rank_, peer).consumed.load(std::memory_order_acquire); };
-    // Room for one more line in the channel to `peer` (its buffers are reclaimed on the way).
-    auto line_room = [&](int peer, std::uint32_t posted) {
-      if (posted - pool_.reclaimed(peer) < kLines) return true;
-      pool_.reclaim(peer, consumed_of(peer));
-      return posted - pool_.reclaimed(peer) < kLines;
-    };
-    auto kind_of = [](std::size_t nb) {
-      return nb <= kInline ? shm_detail::send_pool::kind::inline_line
-             : nb <= kSmallBytes ? shm_detail::send_pool::kind::small
-                                 : shm_detail::send_pool::kind::data;
-    };
-    // Posts chunk `nb` bytes of send i from its current offset into buffer b.
-    auto post = [&](std::size_t i, std::size_t nb, std::uint16_t b) {
-      const send_desc& d = sends[i];
-      op_state& st = ss_[i];
-      channel_ctl& c = ctl(rank_, d.peer);
-      const std::uint32_t posted = c.posted.load(std::memory_order_relaxed);
-      slot_line& l = c.line[posted % kLines];
-      line_body body;
-      body.chunk = std::uint32_t(nb);
-      body.sig_at = std::uint16_t(sig_at);
-      body.buf = b;
-      body.total = d.bytes;
-      body.sig_hash = my_hash;
-      if (b == kBufInline) {
-        detail::gather(body.inline_data, d, st.off, nb);  // a zero-length message has no data pointer
-      }
-      else detail::gather(pool_buffer(rank_, b), d, st.off, nb);
-      std::memcpy(&l.body, &body, sizeof body);  // one burst, then seq (see line_body)
-      l.seq.store(posted + 1, std::memory_order_release);
-      c.posted.store(posted + 1, std::memory_order_relaxed);
-      pool_.posted(d.peer, posted, b);
-      ring(d.peer);
-      st.off += nb;
-      st.started = true;
-      if (st.off == d.bytes) {
-        if (ctx.synchronous) {  // done once the receiver has consumed the last chunk
-          st.awaiting_ack = true;
-          st.ack_at = posted + 1;
-        } else {
-          st.done = true;
-          --pending;
-        }
-      }
-    };
-    // A send blocked only for want of a pool buffer (its line is free).
-    auto starved = [&](std::size_t i) {
-      const send_desc& d = sends[i];
-      const op_state& st = ss_[i];
-      if (st.done || st.awaiting_ack || !first_to(sends, ss_, i)) return false;
-      return line_room(d.peer, ctl(rank_, d.peer).posted.load(std::memory_order_relaxed)) &&
-             kind_of(std::min(chunk, d.bytes - st.off)) != shm_detail::send_pool::kind::inline_line;
-    };
-
-    auto advance = [&]() -> bool {
-      bool moved = false;
-      for (std::size_t i = 0; i < sends.size(); ++i) {
-        op_state& st = ss_[i];
-        const send_desc& d = sends[i];
-        if (st.done) continue;
-        channel_ctl& c = ctl(rank_, d.peer);
-        if (st.awaiting_ack) {  // single copy, or a synchronous send: done when the receiver has it
-          if (std::int32_t(c.consumed.load(std::memory_order_acquire) - st.ack_at) >= 0) {
-            st.done = true;
-            --pending;
-            moved = true;
-          }
-          continue;
-        }
-        if (!st.started && single_copy && d.spread.of == nullptr && cfg_.single_copy_for(d.bytes, !recvs.empty(), sends.size() > 1, crowded) &&
-            first_to(sends, ss_, i)) {
-          const std::uint32_t posted = c.posted.load(std::memory_order_relaxed);
-          if (!line_room(d.peer, posted)) continue;
-          slot_line& l = c.line[posted % kLines];
-          line_body body;
-          body.chunk = 0;
-          body.sig_at = std::uint16_t(sig_at);
-          body.buf = kBufRemote;
-          body.total = d.bytes;
-          body.sig_hash = my_hash;
-          const std::uint64_t addr = reinterpret_cast<std::uintptr_t>(d.data);
-          std::memcpy(body.inline_data, &addr, sizeof addr);
-          std::memcpy(&l.body, &body, sizeof body);
-          l.seq.store(posted + 1, std::memory_order_release);
-          c.posted.store(posted + 1, std::memory_order_relaxed);
-          pool_.posted(d.peer, posted, kBufRemote);
-          ring(d.peer);
-          st.ack_at = posted + 1;
-          st.awaiting_ack = true;
-          st.started = moved = true;
-          continue;
-        }
-        while (!st.done && !st.awaiting_ack && first_to(sends, ss_, i)) {
-          const std::uint32_t posted = c.posted.load(std::memory_order_relaxed);
-          if (!line_room(d.peer, posted)) break;
-          const std::size_t nb = std::min(chunk, d.bytes - st.off);
-          const std::uint16_t b = pool_.take(kind_of(nb), d.peer, consumed_of);
-          if (b == shm_detail::send_pool::kNone) break;
-          post(i, nb, b);
-          moved = true;
-        }
-      }
-      for (std::size_t i = 0; i < recvs.size(); ++i) {
-        op_state& st = rs_[i];
-        const recv_desc& d = recvs[i];
-        channel_ctl& c = ctl(d.peer, rank_);
-        while (!st.done && first_to(recvs, rs_, i)) {
-          const std::uint32_t consumed = c.consumed.load(std::memory_order_relaxed);
-          const slot_line& sl = c.line[consumed % kLines];
-          if (sl.seq.load(std::memory_order_acquire) != consumed + 1) break;
-          const line_body& l = sl.body;
-          if (!st.started && (l.sig_hash != my_hash || l.total != d.bytes)) check_match(d.peer, l, d.bytes, call);
-          // A peer this rank waited on: when did it enter the call? (its published signature)
-          if (call.rec != nullptr && call.rec->wants_entry(d.peer))
-            call.heard(d.peer, rc(d.peer).sigs[l.sig_at % shm_layout::kSigRing]);
-          if (l.buf == kBufRemote) {  // single copy: read the whole message from the sender
-            std::uint64_t addr = 0;
-            std::memcpy(&addr, l.inline_data, sizeof addr);
-            read_remote(c, d, addr, call, ctx.comb, elem);
-            c.consumed.store(consumed + 1, std::memory_order_release);
-            ring(d.peer);
-            st.off = d.bytes;
-            st.started = moved = st.done = true;
-            --pending;
-            break;
-          }
-          const std::size_t nb = std::size_t(l.chunk);
-          if (nb > d.bytes - st.off || nb % elem != 0 || (nb == 0 && d.bytes != 0))
-            call.fail(errc::mismatch, "got a chunk of " + std::to_string(nb) + " B from " + call.peer(d.peer) +
-                                          " where " + std::to_string(d.bytes - st.off) + " B remained");
-          detail::deliver(d, st.off, buffer(d.peer, l, call), nb, ctx.comb);
-          c.consumed.store(consumed + 1, std::memory_order_release);
-          ring(d.peer);
-          st.off += nb;
-          st.started = moved = true;
-          if (st.off == d.bytes) { st.done = true; --pending; }
-        }
-      }
-      return moved;
-    };
-    // Can anything move now? (cheap: no copying)
-    auto ready = [&] {
-      if (trickled) return true;
-      for (std::size_t i = 0; i < sends.size(); ++i) {
-        if (ss_[i].done) continue;
-        const int peer = sends[i].peer;
-        if (ss_[i].awaiting_ack) {
-          if (std::int32_t(consumed_of(peer) - ss_[i].ack_at) >= 0) return true;
-          continue;
-        }
-        if (!first_to(sends, ss_, i)) continue;
-        const std::uint32_t posted = ctl(rank_, peer).posted.load(std::memory_order_relaxed);
-        if (!line_room(peer, posted)) continue;
-        // a buffer is free, or one held by a consumed chunk can be reclaimed
-        if (pool_.can_take(kind_of(std::min(chunk, sends[i].bytes - ss_[i].off)), peer, consumed_of)) return true;
-      }
-      for (std::size_t i = 0; i < recvs.size(); ++i) {
-        if (rs_[i].done || !first_to(recvs, rs_, i)) continue;
-        const channel_ctl& c = ctl(recvs[i].peer, rank_);
-        const std::uint32_t consumed = c.consumed.load(std::memory_order_relaxed);
-        if (c.line[consumed % kLines].seq.load(std::memory_order_acquire) == consumed + 1) return true;
-      }
-      return false;
-    };
-    auto first_pending = [&](const char*& what) {
-      for (std::size_t i = 0; i < recvs.size(); ++i)
-        if (!rs_[i].done) {
-          what = "its data";
-          return recvs[i].peer;
-        }
-      for (std::size_t i = 0; i < sends.size(); ++i)
-        if (!ss_[i].done) {
-          what = ctx.synchronous ? "it to receive this rank's message" : ss_[i].awaiting_ack ? "it to read this rank's data" : "room in its channel";
-          return sends[i].peer;
-        }
-      return -1;
-    };
-    auto check = [&] {
-      // Nothing has moved for a while. A send that waits only for a pool buffer goes on in a
-      // smaller one (a small buffer, else its line): slow, but no channel ever waits on buffers
-      // that other channels hold (shm/pool.hpp).
-      for (std::size_t i = 0; i < sends.size() && !trickled; ++i) {
-        if (!starved(i)) continue;
-        const send_desc& d = sends[i];
-        const std::size_t left = d.bytes - ss_[i].off;
-        for (auto k : {shm_detail::send_pool::kind::small, shm_detail::send_pool::kind::inline_line}) {
-          const std::size_t cap = (k == shm_detail::send_pool::kind::small ? kSmallBytes : kInline) / elem * elem;
-          if (cap == 0) continue;
-          const std::uint16_t b = pool_.take(k, d.peer, consumed_of);
-          if (b == shm_detail::send_pool::kNone) continue;
-          post(i, std::min(cap, left), b);
-          trickled = true;
-          break;
-        }
-      }
-      if (trickled) return;
-      // A peer that failed, died or left ends the wait, unless what it did before leaves us
-      // something to do (its last chunks are still in the channel).
-      auto gone = [&](int p) { return peer_gone(p); };
-      bool any_gone = failed_elsewhere();
-      for (std::size_t i = 0; i < sends.size() && !any_gone; ++i) any_gone = !ss_[i].done && gone(sends[i].peer);
-      for (std::size_t i = 0; i < recvs.size() && !any_gone; ++i) any_gone = !rs_[i].done && gone(recvs[i].peer);
-      if (!any_gone || ready()) return;
-      for (std::size_t i = 0; i < recvs.size(); ++i)
-        if (!rs_[i].done && gone(recvs[i].peer)) report_gone(recvs[i].peer, call);
-      for (std::size_t i = 0; i < sends.size(); ++i)
-        if (!ss_[i].done && gone(sends[i].peer)) report_gone(sends[i].peer, call);
-      report_failed_elsewhere(call);
-    };
-    // A single-copy send is acknowledged when its receiver has read it, which takes as long as
-    // the copy (~25 us for 512 KiB): longer than a waiter spins, and a futex sleep would add a
-    // wake-up (~28 us here) to every such message. So while such an acknowledgement is due, a
-    // sender whose ranks fit the cores keeps spinning: for kAckSpin, and on for as long as
-    // the receiver is reading (its `reading` flag), up to kBusyReadSpin; then it sleeps.
-    auto awaiting_read = [&](bool& reading) {
-      bool any = false;
-      for (std::size_t i = 0; i < sends.size(); ++i)
-        if (ss_[i].awaiting_ack && !ss_[i].done) {
-          any = true;
-          reading = reading || ctl(rank_, sends[i].peer).reading.load(std::memory_order_relaxed) != 0;
-        }
-      return any;
-    };
-    std::chrono::steady_clock::time_point busy_since{};
-    while (pending != 0) {
-      trickled = false;
-      if (advance()) continue;
-      bool reading = false;
-      if (!crowded && awaiting_read(reading)) {
-        const auto now = std::chrono::steady_clock::now();
-        if (busy_since == std::chrono::steady_clock::time_point{}) busy_since = now;
-        if (now - busy_since < (reading ? kBusyReadSpin : kAckSpin)) {
-          for (int k = 0; k < 64 && !ready(); ++k) detail::cpu_relax();
-          continue;
-        }
-      }
-      const char* what = "";
-      const int p = first_pending(what);
-      detail::timed_wait tw(call, p);
-      if (detail::wait_on(me().doorbell, ready, check, call.timeout, true, spin_, tw.hook()) == detail::wait_result::timed_out)
-        call.timed_out(p, what);
-    }
+    check_live(*ctx.call);
+    engine::exchange(*this, st_, sends, recvs, ctx);
   }
 
   /// Receive from any source (collectives/p2p.hpp, recv_any): waits until the channel from one
@@ -520,38 +259,43 @@ class shm {
   /// chunk's line is posted), and returns that peer (the first in `peers` when several do).
   /// Nothing is taken.
   int probe(std::span<const int> peers, const call_info& call) {
-    using namespace shm_layout;
     check_live(call);
-    int found = -1;
-    auto ready = [&] {
-      for (int p : peers) {
-        const channel_ctl& c = ctl(p, rank_);
-        const std::uint32_t consumed = c.consumed.load(std::memory_order_relaxed);
-        const slot_line& sl = c.line[consumed % kLines];
-        if (sl.seq.load(std::memory_order_acquire) != consumed + 1) continue;
-        // The signature is published before the line (a stale one, overwritten by a sender
-        // many calls ahead, no longer has the line's hash: its receive reports that).
-        const call_signature theirs = rc(p).sigs[sl.body.sig_at % kSigRing];
-        if (call.takes_any_source(theirs) && theirs.hash() == sl.body.sig_hash) {
-          found = p;
-          return true;
-        }
-      }
-      return false;
-    };
-    // A failure anywhere ends the wait, as in a step; peers that left only when all of them have.
-    auto check = [&] {
-      bool all_gone = true;
-      for (int p : peers) all_gone = peer_gone(p) && all_gone;
-      if ((!all_gone && !failed_elsewhere()) || ready()) return;
-      report_failed_elsewhere(call);
-      call.fail(errc::peer_lost, "every rank it could receive from has left the job (" + call.peers(peers) + ")");
-    };
-    detail::timed_wait tw(call, -1);
-    if (detail::wait_on(me().doorbell, ready, check, call.timeout, true, spin_, tw.hook()) == detail::wait_result::timed_out)
-      call.timed_out_any(peers);
-    return found;
+    return engine::wait_any(*this, peers, call);
   }
+
+  // ---- the channel (transport/engine.hpp; defined in shm/channel.hpp) --------------------------
+  struct send_state {
+    std::size_t off = 0;
+    bool started = false;
+    bool awaiting_ack = false;  // single copy or synchronous: posted, waiting for the receiver to take it
+    std::uint32_t ack_at = 0;   // the `consumed` count that acknowledges it (any value: counters wrap)
+  };
+  struct recv_state {
+    std::size_t off = 0;
+    bool started = false;
+  };
+  using step = engine::step<send_state, recv_state>;
+  using token = std::uint32_t;
+  void open(step& s);
+  engine::moved try_send(step& s, std::size_t i);
+  engine::moved try_recv(step& s, std::size_t i);
+  bool ready(const step& s);
+  bool stalled(step& s);
+  bool hold(step& s);
+  token arm() const noexcept { return me().doorbell.word.load(std::memory_order_seq_cst); }
+  void sleep(const step& s, token t, std::chrono::nanoseconds d) {
+    engine::futex_sleep(me().doorbell, t, true, d, [&] { return ready(s); });
+  }
+  void sleep_any(std::span<const int>, token t, std::chrono::nanoseconds d) {
+    engine::futex_sleep(me().doorbell, t, true, d, [] { return false; });
+  }
+  engine::waiting spinning() const noexcept { return {spin_, {}, detail::kYieldIterations}; }
+  engine::fate fate_of(int p);
+  std::string why(int p) const;
+  int failed_rank() const noexcept;
+  std::string failure(int f) const;
+  const char* waiting_for(const step& s, bool send, std::size_t i) const;
+  int probe_head(std::span<const int> peers, const call_info& call, bool slow);
 
   /// Marks this rank failed (peers then fail fast with errc::peer_lost) and wakes everyone. It
   /// does not wait for a peer that is reading this rank's memory (single copy): the caller may
@@ -584,12 +328,6 @@ class shm {
   }
 
  private:
-  struct op_state {
-    std::size_t off = 0;
-    bool started = false, done = false;
-    bool awaiting_ack = false;  // single copy or synchronous: posted, waiting for the receiver to take it
-    std::uint32_t ack_at = 0;   // the `consumed` count that acknowledges it (any value: counters wrap)
-  };
   using header = shm_layout::header;
   using rank_ctl = shm_layout::rank_ctl;
   using channel_ctl = shm_layout::channel_ctl;
@@ -640,6 +378,18 @@ class shm {
                                     std::to_string(l.total) + " B), which it has since moved past");
     call.check_match(peer, theirs, std::size_t(l.total), my_bytes);
   }
+
+  bool crowded() const noexcept { return spin_ < detail::kSpinIterations; }
+  std::uint32_t consumed_of(int peer) const { return ctl(rank_, peer).consumed.load(std::memory_order_acquire); }
+  /// Room for one more line in the channel to `peer` (its buffers are reclaimed on the way).
+  bool line_room(int peer, std::uint32_t posted);
+  static shm_detail::send_pool::kind kind_of(std::size_t nb) {
+    return nb <= kInline ? shm_detail::send_pool::kind::inline_line
+           : nb <= kSmallBytes ? shm_detail::send_pool::kind::small
+                               : shm_detail::send_pool::kind::data;
+  }
+  /// Posts the next `nb` bytes of send i in buffer b.
+  void post(step& s, std::size_t i, std::size_t nb, std::uint16_t b);
 
   void ring(int peer) noexcept {
     detail::waitable& d = rc(peer).doorbell;
@@ -768,26 +518,9 @@ class shm {
     for (int r = 0; r < n_; ++r) rc(r).doorbell.wake(true);
   }
 
+  /// Rank p is gone (single_copy.hpp): the engine's words for it.
   [[noreturn]] void report_gone(int p, const call_info& call) const {
-    const rank_ctl& r = rc(p);
-    const std::uint32_t s = r.state.load(std::memory_order_seq_cst);
-    if (s == shm_layout::kLeft)
-      call.fail(errc::peer_lost, "lost " + call.peer(p) +
-                                     ": it has left the job (it made fewer calls than this rank)");
-    call.fail(errc::peer_lost, "lost " + call.peer(p) + ": " + std::string(r.why, strnlen(r.why, sizeof r.why)));
-  }
-
-  bool failed_elsewhere() const {
-    const std::int32_t f = hdr().first_failed.load(std::memory_order_seq_cst);
-    return f >= 0 && f != rank_;
-  }
-  void report_failed_elsewhere(const call_info& call) const {
-    const std::int32_t f = hdr().first_failed.load(std::memory_order_seq_cst);
-    if (f >= 0 && f != rank_) {
-      const rank_ctl& r = rc(f);
-      call.fail(errc::peer_lost, "the job was aborted: " + call.peer(f) + " failed: " +
-                                     std::string(r.why, strnlen(r.why, sizeof r.why)));
-    }
+    call.fail(errc::peer_lost, "lost " + call.peer(p) + ": " + why(p));
   }
 
   int rank_ = 0, n_ = 1;
@@ -805,8 +538,13 @@ class shm {
     std::uint64_t hash = 0, seq = 0;
     std::uint32_t at = 0;
   } sig_;
-  // exchange()'s progress per operation, reused across calls
-  std::vector<op_state> ss_, rs_;
+  // the step being run (transport/engine.hpp), and what open() works out for it
+  step st_;
+  std::size_t elem_ = 1, chunk_ = 0;
+  std::uint64_t hash_ = 0;
+  std::uint32_t sig_at_ = 0;
+  bool single_copy_now_ = false;
+  std::chrono::steady_clock::time_point busy_since_{};  // hold()
   bool cma_ = false;                    // every rank can read every peer's memory
   int spin_ = detail::kSpinIterations;  // detail::spin_for(ranks)
   std::vector<std::byte> bounce_;       // single-copy receives that reduce: read here, then combine
@@ -814,6 +552,8 @@ class shm {
 
 }  // namespace collx::transport
 
-// Defined apart, by responsibility: joining and leaving the segment, and single-copy reads.
+// Defined apart, by responsibility: joining and leaving the segment, the channel the progress
+// engine drives, and single-copy reads.
 #include "shm/attach.hpp"
+#include "shm/channel.hpp"
 #include "shm/single_copy.hpp"

@@ -53,6 +53,7 @@
 #include "rendezvous.hpp"
 #include "socket.hpp"
 #include "wire.hpp"
+#include "../engine.hpp"
 
 namespace collx::transport::tcp_detail {
 
@@ -89,321 +90,8 @@ class streams {
   bool dead() const noexcept { return dead_; }
 
   void exchange(std::span<const send_desc> sends, std::span<const recv_desc> recvs, const exchange_context& ctx) {
-    const call_info& call = *ctx.call;
-    check_live(call);
-    const std::size_t elem = std::max<std::size_t>(1, ctx.comb.elem_size);
-    const bool sync = ctx.synchronous;
-    ss_.assign(sends.size(), {});
-    rs_.assign(recvs.size(), {});
-    std::size_t pending = sends.size() + recvs.size();
-    for (std::size_t i = 0; i < sends.size(); ++i) {
-      ss_[i].phase = sync ? send_phase::rts : send_phase::data;
-      ss_[i].h.sig = call.sig;
-      ss_[i].h.bytes = sends[i].bytes;
-      ss_[i].h.kind = std::uint32_t(sync ? tcp_wire::msg_kind::rts : tcp_wire::msg_kind::data);
-    }
-    for (std::size_t i = 0; i < recvs.size(); ++i) {
-      rs_[i].phase = sync ? recv_phase::rts : recv_phase::header;
-      if (recvs[i].how != combine::copy) {
-        if (bounce_.size() <= i) bounce_.resize(i + 1);
-        bounce_[i].resize(std::max(elem, kBounceBytes / elem * elem));
-      }
-    }
-    auto first_to = [](auto ops, const auto& st, std::size_t i) { return may_progress(ops, st, i); };
-
-    // Writes what it can of the frame `h` + the payload of send d (none for a control frame),
-    // `off` bytes of which are written; true when something was written. The payload goes run
-    // by run of its buffer (a spread one has several: core/concepts.hpp, pieces).
-    auto write_frame = [&](peer& p, int q, const tcp_wire::msg_header& h, const send_desc* d, std::size_t& off) {
-      constexpr int kRuns = 16;
-      const std::size_t bytes = d ? d->bytes : 0;
-      bool wrote = false;
-      while (off < sizeof h + bytes) {
-        iovec iov[1 + kRuns];
-        int k = 0;
-        if (off < sizeof h) iov[k++] = {const_cast<char*>(reinterpret_cast<const char*>(&h)) + off, sizeof h - off};
-        for (std::size_t poff = off < sizeof h ? 0 : off - sizeof h; poff < bytes && k < 1 + kRuns;) {
-          std::size_t len = bytes - poff;
-          const std::byte* at = detail::operand_at(d->data, d->spread, poff, len);
-          iov[k++] = {const_cast<std::byte*>(at), len};
-          poff += len;
-        }
-        msghdr m{};
-        m.msg_iov = iov;
-        m.msg_iovlen = std::size_t(k);
-        const ssize_t w = ::sendmsg(p.s.get(), &m, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (w > 0) {
-          off += std::size_t(w);
-          p.mid_send = off < sizeof h + bytes;  // the stream is inside a frame until it is all written
-          wrote = true;
-          continue;
-        }
-        if (w < 0 && errno == EINTR) continue;
-        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-        const int e = errno;
-        scan_aborts(call);  // a peer that failed closed its end after saying why
-        lost(q, call, std::string("sending to it failed: ") + std::strerror(e));
-      }
-      return wrote;
-    };
-    // The clear-to-send frames this rank owes peer q, written whenever its stream is between frames.
-    auto flush_cts = [&](peer& p, int q) {
-      bool wrote = false;
-      while (p.cts_due > 0 && (!p.mid_send || p.cts_writing)) {
-        if (!p.cts_writing) {
-          p.cts_h = {};
-          p.cts_h.kind = std::uint32_t(tcp_wire::msg_kind::cts);
-          p.cts_h.sig = call.sig;
-          p.cts_off = 0;
-          p.cts_writing = true;
-        }
-        wrote = write_frame(p, q, p.cts_h, nullptr, p.cts_off) || wrote;
-        if (p.cts_off < sizeof p.cts_h) break;
-        p.cts_writing = false;
-        --p.cts_due;
-        --cts_owed_;
-      }
-      return wrote;
-    };
-    auto header = [&](peer& p, int q, bool& moved) { return read_header(p, q, call, moved); };
-    // Takes the held header when it is a cts (for the first send to q that waits for one) or,
-    // while the peer's own request waits behind, an rts (set aside). False when what is held
-    // is for a receive (or nothing is held).
-    auto absorb_control = [&](peer& p) {
-      if (!p.have) return false;
-      if (p.h.kind == tcp_wire::msg_kind::cts) {
-        ++p.cts_got;
-        p.have = false;
-        return true;
-      }
-      if (p.h.kind == tcp_wire::msg_kind::rts && p.aside.size() < kAside) {
-        p.aside.push_back(p.h);
-        p.have = false;
-        return true;
-      }
-      return false;
-    };
-
-    auto advance = [&]() -> bool {
-      bool moved = false;
-      if (cts_owed_ > 0)
-        for (std::size_t q = 0; q < peers_.size(); ++q)
-          if (peers_[q].cts_due > 0) moved = flush_cts(peers_[q], int(q)) || moved;
-      for (std::size_t i = 0; i < sends.size(); ++i) {
-        send_state& st = ss_[i];
-        if (st.phase == send_phase::done || !first_to(sends, ss_, i)) continue;
-        const send_desc& d = sends[i];
-        peer& p = peers_[std::size_t(d.peer)];
-        if (st.phase == send_phase::rts) {
-          if (p.mid_send && !st.writing) continue;
-          st.writing = true;
-          moved = write_frame(p, d.peer, st.h, nullptr, st.off) || moved;
-          if (st.off < sizeof st.h) continue;
-          st.writing = false;
-          st.off = 0;
-          st.phase = send_phase::cts;
-        }
-        if (st.phase == send_phase::cts) {
-          // Read what the peer sends meanwhile until its cts comes (or a frame that is not ours).
-          while (p.cts_got == 0 && header(p, d.peer, moved) && absorb_control(p)) moved = true;
-          if (p.cts_got == 0) continue;
-          --p.cts_got;
-          st.phase = send_phase::data;
-          st.h.kind = std::uint32_t(tcp_wire::msg_kind::data);
-          moved = true;
-        }
-        if (st.phase == send_phase::data) {
-          if (p.mid_send && !st.writing) continue;
-          st.writing = true;
-          moved = write_frame(p, d.peer, st.h, &d, st.off) || moved;
-          if (st.off < sizeof st.h + d.bytes) continue;
-          st.writing = false;
-          st.phase = send_phase::done;
-          st.done = true;
-          --pending;
-          moved = true;
-          if (p.cts_due > 0) flush_cts(p, d.peer);
-        }
-      }
-      for (std::size_t i = 0; i < recvs.size(); ++i) {
-        recv_state& st = rs_[i];
-        if (st.phase == recv_phase::done || !first_to(recvs, rs_, i)) continue;
-        const recv_desc& d = recvs[i];
-        peer& p = peers_[std::size_t(d.peer)];
-        if (st.phase == recv_phase::rts) {  // a synchronous receive: the sender's request first
-          tcp_wire::parsed_header h;
-          if (!p.aside.empty()) {
-            h = p.aside.front();
-            p.aside.pop_front();
-          } else {
-            while (header(p, d.peer, moved) && p.h.kind == tcp_wire::msg_kind::cts) {  // for a send of ours
-              ++p.cts_got;
-              p.have = false;
-            }
-            if (!p.have) continue;
-            h = p.h;
-            p.have = false;
-          }
-          call.check_match(d.peer, h.sig, std::size_t(h.bytes), d.bytes);  // a peer in another call: mismatch
-          call.heard(d.peer, h.sig);
-          if (h.kind != tcp_wire::msg_kind::rts) garbage(d.peer, call, "a message where a request to send was due");
-          ++p.cts_due;
-          ++cts_owed_;
-          flush_cts(p, d.peer);
-          st.phase = recv_phase::header;
-          moved = true;
-        }
-        if (st.phase == recv_phase::header) {
-          for (;;) {
-            if (!header(p, d.peer, moved)) break;
-            if (p.h.kind == tcp_wire::msg_kind::cts) {  // for a send of ours to this peer
-              ++p.cts_got;
-              p.have = false;
-              continue;
-            }
-            break;
-          }
-          if (!p.have) continue;
-          const tcp_wire::parsed_header& h = p.h;
-          call.check_match(d.peer, h.sig, std::size_t(h.bytes), d.bytes);  // a peer in another call: mismatch
-          call.heard(d.peer, h.sig);
-          if (h.kind != tcp_wire::msg_kind::data) garbage(d.peer, call, "a request to send where a message was due");
-          p.have = false;
-          p.mid_recv = true;
-          st.phase = recv_phase::payload;
-          moved = true;
-        }
-        // The payload.
-        while (st.off < d.bytes) {
-          std::byte* to;
-          std::size_t room;
-          if (d.how == combine::copy) {
-            room = d.bytes - st.off;
-            to = detail::recv_target(d, st.off, room);
-          } else {
-            std::vector<std::byte>& b = bounce_[i];
-            to = b.data() + st.fill;
-            room = std::min(b.size() - st.fill, d.bytes - st.off - st.fill);
-          }
-          const ssize_t r = ::recv(p.s.get(), to, room, MSG_DONTWAIT);
-          if (r > 0) {
-            moved = true;
-            if (d.how == combine::copy) {
-              st.off += std::size_t(r);
-              continue;
-            }
-            st.fill += std::size_t(r);
-            // Deliver whole elements once the bounce buffer is full or the message complete.
-            if (st.fill == bounce_[i].size() || st.off + st.fill == d.bytes) {
-              detail::deliver(d, st.off, bounce_[i].data(), st.fill, ctx.comb);
-              st.off += st.fill;
-              st.fill = 0;
-            }
-            continue;
-          }
-          if (r < 0 && errno == EINTR) continue;
-          if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-          closed(d.peer, call, r == 0 ? 0 : errno);
-        }
-        if (st.phase == recv_phase::payload && st.off == d.bytes) {
-          st.phase = recv_phase::done;
-          st.done = true;
-          p.mid_recv = false;
-          --pending;
-        }
-      }
-      return moved;
-    };
-
-    auto first_pending = [&](const char*& what) {
-      for (std::size_t i = 0; i < recvs.size(); ++i)
-        if (rs_[i].phase != recv_phase::done) {
-          what = rs_[i].phase == recv_phase::rts ? "its request to send over tcp" : "its data over tcp";
-          return recvs[i].peer;
-        }
-      for (std::size_t i = 0; i < sends.size(); ++i)
-        if (ss_[i].phase != send_phase::done) {
-          what = sync ? "it to receive this rank's message (over tcp)" : "room to send to it over tcp";
-          return sends[i].peer;
-        }
-      return -1;
-    };
-
-    auto last_move = net::clock::now();
-    // A stretch without progress is a wait on the first pending peer (the flight record's).
-    net::clock::time_point idle_since{};
-    int idle_peer = -1;
-    bool noted = false;  // note_blocked (comm/flight.hpp) told of this wait
-    struct unnote {
-      const call_info& c;
-      const bool& noted;
-      const int& peer;
-      ~unnote() {
-        if (noted && detail::note_blocked_hook != nullptr) detail::note_blocked_hook(c, peer, false);
-      }
-    } const unnoted{call, noted, idle_peer};
-    auto end_idle = [&](net::clock::time_point at) {
-      if (idle_since == net::clock::time_point{}) return;
-      call.waited(idle_peer, at - idle_since);
-      idle_since = {};
-      if (noted && detail::note_blocked_hook != nullptr) detail::note_blocked_hook(call, idle_peer, false);
-      noted = false;
-    };
-    while (pending != 0) {
-      if (advance()) {
-        end_idle(net::clock::now());
-        if (pending != 0) last_move = net::clock::now();
-        continue;
-      }
-      const auto now = net::clock::now();
-      if (idle_since == net::clock::time_point{} && call.rec != nullptr) {
-        const char* what = "";
-        idle_peer = first_pending(what);
-        call.waiting(idle_peer);
-        idle_since = now;
-      }
-      if (!crowded_ && now - last_move < kSpinTime) {
-        detail::cpu_relax();
-        continue;
-      }
-      if (now - last_move >= call.timeout) {
-        end_idle(now);
-        const char* what = "";
-        const int p = first_pending(what);
-        ask_peers(call);
-        call.timed_out(p, what);
-      }
-      // Blocked a sleep slice: the rank's other communicators say where it is stuck.
-      if (idle_since != net::clock::time_point{} && !noted && now - idle_since >= detail::kSleepSlice &&
-          detail::note_blocked_hook != nullptr) {
-        noted = true;
-        detail::note_blocked_hook(call, idle_peer, true);
-      }
-      // A rank that failed told every peer why (an abort frame), also those not waiting for it
-      // in this step: look, so that a failure anywhere ends the wait everywhere.
-      scan_aborts(call);
-      // Sleep in poll() on the sockets that block progress.
-      pfd_.clear();
-      if (cts_owed_ > 0)
-        for (std::size_t q = 0; q < peers_.size(); ++q)
-          if (peers_[q].cts_due > 0) pfd_.push_back({peers_[q].s.get(), POLLOUT, 0});
-      for (std::size_t i = 0; i < sends.size(); ++i) {
-        if (ss_[i].phase == send_phase::done || !first_to(sends, ss_, i)) continue;
-        const short ev = ss_[i].phase == send_phase::cts ? POLLIN : POLLOUT;
-        pfd_.push_back({peers_[std::size_t(sends[i].peer)].s.get(), ev, 0});
-      }
-      for (std::size_t i = 0; i < recvs.size(); ++i)
-        if (rs_[i].phase != recv_phase::done && first_to(recvs, rs_, i))
-          pfd_.push_back({peers_[std::size_t(recvs[i].peer)].s.get(), POLLIN, 0});
-      const std::size_t listeners = pfd_.size();  // and where position queries come (tcp/desync.hpp)
-      if (qp_) add_listeners(pfd_);
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(call.timeout - (now - last_move)).count();
-      ::poll(pfd_.data(), pfd_.size(), int(std::clamp<long long>(left + 1, 1, detail::kSleepSlice.count())));
-      if (qp_) serve_listeners(pfd_, listeners);
-      // poll() reports readiness, hang-ups and errors alike: the next advance() finds out which.
-      for (std::size_t i = 0; i < listeners; ++i)
-        if (pfd_[i].revents != 0) last_move = std::max(last_move, now);
-    }
+    check_live(*ctx.call);
+    engine::exchange(*this, st_, sends, recvs, ctx);
   }
 
   /// Receive from any source (collectives/p2p.hpp, recv_any): waits until the stream from one
@@ -413,57 +101,235 @@ class streams {
   /// peer that has left is passed over; the wait fails when every one has, or when one failed.
   int probe(std::span<const int> peers, const call_info& call) {
     check_live(call);
-    auto found = [&]() -> int {
-      bool moved = false;
-      int live = 0;
-      for (int q : peers) {
-        peer& p = peers_[std::size_t(q)];
-        if (p.left) continue;
-        ++live;
-        if (!p.aside.empty()) {
-          if (call.takes_any_source(p.aside.front().sig)) return q;
-          continue;
-        }
-        try {
-          if (!p.s || !read_header(p, q, call, moved)) continue;
-        } catch (const error&) {
-          if (!p.left) throw;
-          --live;
-          continue;
-        }
-        if (p.h.kind == tcp_wire::msg_kind::rts && call.takes_any_source(p.h.sig)) return q;
+    return engine::wait_any(*this, peers, call);
+  }
+
+  // ---- the channel (transport/engine.hpp) ------------------------------------------------------
+  enum class send_phase : std::uint8_t { rts, cts, data, done };
+  enum class recv_phase : std::uint8_t { rts, header, payload, done };
+  struct send_state {
+    tcp_wire::msg_header h;
+    send_phase phase = send_phase::data;
+    bool writing = false;  // this send's frame is the one the stream is inside
+    std::size_t off = 0;   // bytes of the frame written
+  };
+  struct recv_state {
+    recv_phase phase = recv_phase::header;
+    std::size_t off = 0;   // payload bytes delivered
+    std::size_t fill = 0;  // reductions: bytes waiting in the bounce buffer
+  };
+  using step = engine::step<send_state, recv_state>;
+  struct token {};
+
+  void open(step& s) {
+    const call_info& call = *s.call;
+    const std::size_t elem = std::max<std::size_t>(1, s.ctx->comb.elem_size);
+    const bool sync = s.ctx->synchronous;
+    for (std::size_t i = 0; i < s.sends.size(); ++i) {
+      send_state& o = s.so[i].s;
+      o.phase = sync ? send_phase::rts : send_phase::data;
+      o.h.sig = call.sig;
+      o.h.bytes = s.sends[i].bytes;
+      o.h.kind = std::uint32_t(sync ? tcp_wire::msg_kind::rts : tcp_wire::msg_kind::data);
+    }
+    for (std::size_t i = 0; i < s.recvs.size(); ++i) {
+      s.ro[i].s.phase = sync ? recv_phase::rts : recv_phase::header;
+      if (s.recvs[i].how != combine::copy) {
+        if (bounce_.size() <= i) bounce_.resize(i + 1);
+        bounce_[i].resize(std::max(elem, kBounceBytes / elem * elem));
       }
-      if (live == 0)
-        call.fail(errc::peer_lost, "every rank it could receive from has left the job (" + call.peers(peers) + ")");
-      return -1;
-    };
-    const auto start = net::clock::now();
-    struct idle {  // the whole probe is one wait on any of the peers (the flight record's)
-      const call_info& c;
-      net::clock::time_point t0;
-      ~idle() { c.waited(-1, net::clock::now() - t0); }
-    } const timed{call, start};
-    for (;;) {
-      if (const int q = found(); q >= 0) return q;
-      const auto now = net::clock::now();
-      if (!crowded_ && now - start < kSpinTime) {
-        detail::cpu_relax();
+    }
+  }
+  /// The clear-to-send frames owed, written wherever a stream is between frames.
+  bool service(step& s) {
+    bool moved = false;
+    if (cts_owed_ > 0)
+      for (std::size_t q = 0; q < peers_.size(); ++q)
+        if (peers_[q].cts_due > 0) moved = flush_cts(peers_[q], int(q), *s.call) || moved;
+    return moved;
+  }
+
+  engine::moved try_send(step& s, std::size_t i) {
+    const call_info& call = *s.call;
+    send_state& st = s.so[i].s;
+    const send_desc& d = s.sends[i];
+    peer& p = peers_[std::size_t(d.peer)];
+    bool moved = false;
+    if (st.phase == send_phase::rts) {
+      if (p.mid_send && !st.writing) return engine::some_if(moved);
+      st.writing = true;
+      moved = write_frame(p, d.peer, st.h, nullptr, st.off, call) || moved;
+      if (st.off < sizeof st.h) return engine::some_if(moved);
+      st.writing = false;
+      st.off = 0;
+      st.phase = send_phase::cts;
+    }
+    if (st.phase == send_phase::cts) {
+      // Read what the peer sends meanwhile until its cts comes (or a frame that is not ours).
+      while (p.cts_got == 0 && read_header(p, d.peer, call, moved) && absorb_control(p)) moved = true;
+      if (p.cts_got == 0) return engine::some_if(moved);
+      --p.cts_got;
+      st.phase = send_phase::data;
+      st.h.kind = std::uint32_t(tcp_wire::msg_kind::data);
+      moved = true;
+    }
+    if (p.mid_send && !st.writing) return engine::some_if(moved);
+    st.writing = true;
+    moved = write_frame(p, d.peer, st.h, &d, st.off, call) || moved;
+    if (st.off < sizeof st.h + d.bytes) return engine::some_if(moved);
+    st.writing = false;
+    st.phase = send_phase::done;
+    if (p.cts_due > 0) flush_cts(p, d.peer, call);
+    return engine::moved::done;
+  }
+
+  engine::moved try_recv(step& s, std::size_t i) {
+    const call_info& call = *s.call;
+    recv_state& st = s.ro[i].s;
+    const recv_desc& d = s.recvs[i];
+    peer& p = peers_[std::size_t(d.peer)];
+    bool moved = false;
+    if (st.phase == recv_phase::rts) {  // a synchronous receive: the sender's request first
+      tcp_wire::parsed_header h;
+      if (!p.aside.empty()) {
+        h = p.aside.front();
+        p.aside.pop_front();
+      } else {
+        while (read_header(p, d.peer, call, moved) && p.h.kind == tcp_wire::msg_kind::cts) {  // for a send of ours
+          ++p.cts_got;
+          p.have = false;
+        }
+        if (!p.have) return engine::some_if(moved);
+        h = p.h;
+        p.have = false;
+      }
+      call.check_match(d.peer, h.sig, std::size_t(h.bytes), d.bytes);  // a peer in another call: mismatch
+      call.heard(d.peer, h.sig);
+      if (h.kind != tcp_wire::msg_kind::rts) garbage(d.peer, call, "a message where a request to send was due");
+      ++p.cts_due;
+      ++cts_owed_;
+      flush_cts(p, d.peer, call);
+      st.phase = recv_phase::header;
+      moved = true;
+    }
+    if (st.phase == recv_phase::header) {
+      while (read_header(p, d.peer, call, moved) && p.h.kind == tcp_wire::msg_kind::cts) {  // for a send of ours to this peer
+        ++p.cts_got;
+        p.have = false;
+      }
+      if (!p.have) return engine::some_if(moved);
+      const tcp_wire::parsed_header& h = p.h;
+      call.check_match(d.peer, h.sig, std::size_t(h.bytes), d.bytes);  // a peer in another call: mismatch
+      call.heard(d.peer, h.sig);
+      if (h.kind != tcp_wire::msg_kind::data) garbage(d.peer, call, "a request to send where a message was due");
+      p.have = false;
+      p.mid_recv = true;
+      st.phase = recv_phase::payload;
+      moved = true;
+    }
+    // The payload.
+    while (st.off < d.bytes) {
+      std::byte* to;
+      std::size_t room;
+      if (d.how == combine::copy) {
+        room = d.bytes - st.off;
+        to = detail::recv_target(d, st.off, room);
+      } else {
+        std::vector<std::byte>& b = bounce_[i];
+        to = b.data() + st.fill;
+        room = std::min(b.size() - st.fill, d.bytes - st.off - st.fill);
+      }
+      const ssize_t r = ::recv(p.s.get(), to, room, MSG_DONTWAIT);
+      if (r > 0) {
+        moved = true;
+        if (d.how == combine::copy) {
+          st.off += std::size_t(r);
+          continue;
+        }
+        st.fill += std::size_t(r);
+        // Deliver whole elements once the bounce buffer is full or the message complete.
+        if (st.fill == bounce_[i].size() || st.off + st.fill == d.bytes) {
+          detail::deliver(d, st.off, bounce_[i].data(), st.fill, s.ctx->comb);
+          st.off += st.fill;
+          st.fill = 0;
+        }
         continue;
       }
-      if (now - start >= call.timeout) {
-        ask_peers(call);
-        call.timed_out_any(peers);
-      }
-      scan_aborts(call);  // a failure anywhere ends the wait
-      pfd_.clear();
-      for (int q : peers)
-        if (const peer& p = peers_[std::size_t(q)]; p.s && !p.left && !p.have && !p.mid_recv) pfd_.push_back({p.s.get(), POLLIN, 0});
-      const std::size_t listeners = pfd_.size();
-      if (qp_) add_listeners(pfd_);
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(call.timeout - (now - start)).count();
-      ::poll(pfd_.data(), pfd_.size(), int(std::clamp<long long>(left + 1, 1, detail::kSleepSlice.count())));
-      if (qp_) serve_listeners(pfd_, listeners);
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      closed(d.peer, call, r == 0 ? 0 : errno);
     }
+    if (st.off < d.bytes) return engine::some_if(moved);
+    st.phase = recv_phase::done;
+    p.mid_recv = false;
+    return engine::moved::done;
+  }
+
+  token arm() const noexcept { return {}; }
+  /// Sleeps in poll() on the sockets that block progress, and where position queries come
+  /// (tcp/desync.hpp), which it answers.
+  void sleep(const step& s, token, std::chrono::nanoseconds d) {
+    pfd_.clear();
+    if (cts_owed_ > 0)
+      for (std::size_t q = 0; q < peers_.size(); ++q)
+        if (peers_[q].cts_due > 0) pfd_.push_back({peers_[q].s.get(), POLLOUT, 0});
+    s.each_open([&](int q, bool send, std::size_t i) {
+      const short ev = send && s.so[i].s.phase != send_phase::cts ? POLLOUT : POLLIN;
+      pfd_.push_back({peers_[std::size_t(q)].s.get(), ev, 0});
+    });
+    poll_and_serve(d);
+  }
+  void sleep_any(std::span<const int> peers, token, std::chrono::nanoseconds d) {
+    pfd_.clear();
+    for (int q : peers)
+      if (const peer& p = peers_[std::size_t(q)]; p.s && !p.left && !p.have && !p.mid_recv) pfd_.push_back({p.s.get(), POLLIN, 0});
+    poll_and_serve(d);
+  }
+  /// A peer's answer on another core of this host arrives in ~7 us, a sleeping thread's wake-up
+  /// costs ~28 us on the development VM: poll without sleeping for kSpinTime first, unless the
+  /// job's ranks on this host outnumber its cores (the peer probably needs this core).
+  engine::waiting spinning() const noexcept { return {0, crowded_ ? std::chrono::nanoseconds(0) : kSpinTime, 0}; }
+  /// Over tcp a peer's fate arrives on its stream (a farewell, an abort frame, the connection's
+  /// end), read by the sweeps and by stalled(): it is thrown from there.
+  engine::fate fate_of(int) const noexcept { return engine::fate::live; }
+  std::string why(int) const { return {}; }
+  int failed_rank() const noexcept { return -1; }
+  std::string failure(int) const { return {}; }
+  /// A rank that failed told every peer why (an abort frame), also those not waiting for it in
+  /// this step: look, so that a failure anywhere ends the wait everywhere.
+  bool stalled(const step& s) {
+    scan_aborts(*s.call);
+    return false;
+  }
+  void before_timeout(const call_info& call) { ask_peers(call); }
+  const char* waiting_for(const step& s, bool send, std::size_t i) const {
+    if (!send) return s.ro[i].s.phase == recv_phase::rts ? "its request to send over tcp" : "its data over tcp";
+    return s.ctx->synchronous ? "it to receive this rank's message (over tcp)" : "room to send to it over tcp";
+  }
+  /// recv_any's look (engine::wait_any).
+  int probe_head(std::span<const int> peers, const call_info& call, bool slow) {
+    bool moved = false;
+    int live = 0;
+    for (int q : peers) {
+      peer& p = peers_[std::size_t(q)];
+      if (p.left) continue;
+      ++live;
+      if (!p.aside.empty()) {
+        if (call.takes_any_source(p.aside.front().sig)) return q;
+        continue;
+      }
+      try {
+        if (!p.s || !read_header(p, q, call, moved)) continue;
+      } catch (const error&) {
+        if (!p.left) throw;
+        --live;
+        continue;
+      }
+      if (p.h.kind == tcp_wire::msg_kind::rts && call.takes_any_source(p.h.sig)) return q;
+    }
+    if (live == 0) call.fail(errc::peer_lost, "every rank it could receive from has left the job (" + call.peers(peers) + ")");
+    if (slow) scan_aborts(call);  // a failure anywhere ends the wait
+    return -1;
   }
 
   /// This rank failed: tell peers why where a stream is between frames, then close
@@ -508,21 +374,85 @@ class streams {
     tcp_wire::msg_header cts_h;
     std::size_t cts_off = 0;
   };
-  enum class send_phase : std::uint8_t { rts, cts, data, done };
-  enum class recv_phase : std::uint8_t { rts, header, payload, done };
-  struct send_state {
-    tcp_wire::msg_header h;
-    send_phase phase = send_phase::data;
-    bool writing = false;  // this send's frame is the one the stream is inside
-    std::size_t off = 0;   // bytes of the frame written
-    bool done = false;     // (may_progress reads it)
-  };
-  struct recv_state {
-    recv_phase phase = recv_phase::header;
-    std::size_t off = 0;   // payload bytes delivered
-    std::size_t fill = 0;  // reductions: bytes waiting in the bounce buffer
-    bool done = false;
-  };
+  /// Writes what it can of the frame `h` + the payload of send d (none for a control frame),
+  /// `off` bytes of which are written; true when something was written. The payload goes run
+  /// by run of its buffer (a spread one has several: core/concepts.hpp, pieces).
+  bool write_frame(peer& p, int q, const tcp_wire::msg_header& h, const send_desc* d, std::size_t& off, const call_info& call) {
+    constexpr int kRuns = 16;
+    const std::size_t bytes = d ? d->bytes : 0;
+    bool wrote = false;
+    while (off < sizeof h + bytes) {
+      iovec iov[1 + kRuns];
+      int k = 0;
+      if (off < sizeof h) iov[k++] = {const_cast<char*>(reinterpret_cast<const char*>(&h)) + off, sizeof h - off};
+      for (std::size_t poff = off < sizeof h ? 0 : off - sizeof h; poff < bytes && k < 1 + kRuns;) {
+        std::size_t len = bytes - poff;
+        const std::byte* at = detail::operand_at(d->data, d->spread, poff, len);
+        iov[k++] = {const_cast<std::byte*>(at), len};
+        poff += len;
+      }
+      msghdr m{};
+      m.msg_iov = iov;
+      m.msg_iovlen = std::size_t(k);
+      const ssize_t w = ::sendmsg(p.s.get(), &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (w > 0) {
+        off += std::size_t(w);
+        p.mid_send = off < sizeof h + bytes;  // the stream is inside a frame until it is all written
+        wrote = true;
+        continue;
+      }
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      const int e = errno;
+      scan_aborts(call);  // a peer that failed closed its end after saying why
+      lost(q, call, std::string("sending to it failed: ") + std::strerror(e));
+    }
+    return wrote;
+  }
+  /// The clear-to-send frames this rank owes peer q, written whenever its stream is between frames.
+  bool flush_cts(peer& p, int q, const call_info& call) {
+    bool wrote = false;
+    while (p.cts_due > 0 && (!p.mid_send || p.cts_writing)) {
+      if (!p.cts_writing) {
+        p.cts_h = {};
+        p.cts_h.kind = std::uint32_t(tcp_wire::msg_kind::cts);
+        p.cts_h.sig = call.sig;
+        p.cts_off = 0;
+        p.cts_writing = true;
+      }
+      wrote = write_frame(p, q, p.cts_h, nullptr, p.cts_off, call) || wrote;
+      if (p.cts_off < sizeof p.cts_h) break;
+      p.cts_writing = false;
+      --p.cts_due;
+      --cts_owed_;
+    }
+    return wrote;
+  }
+  /// Takes the held header when it is a cts (for the first send to q that waits for one) or,
+  /// while the peer's own request waits behind, an rts (set aside). False when what is held
+  /// is for a receive (or nothing is held).
+  static bool absorb_control(peer& p) {
+    if (!p.have) return false;
+    if (p.h.kind == tcp_wire::msg_kind::cts) {
+      ++p.cts_got;
+      p.have = false;
+      return true;
+    }
+    if (p.h.kind == tcp_wire::msg_kind::rts && p.aside.size() < kAside) {
+      p.aside.push_back(p.h);
+      p.have = false;
+      return true;
+    }
+    return false;
+  }
+  /// poll() on pfd_ and the desync report's listeners, at most d; then answers the queries.
+  void poll_and_serve(std::chrono::nanoseconds d) {
+    const std::size_t listeners = pfd_.size();
+    if (qp_) add_listeners(pfd_);
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
+    ::poll(pfd_.data(), pfd_.size(), int(std::clamp<long long>(ms + 1, 1, detail::kSleepSlice.count())));
+    if (qp_) serve_listeners(pfd_, listeners);
+  }
 
   static void send_frame(peer& p, tcp_wire::msg_kind k, const std::string& payload, net::clock::time_point until) noexcept {
     tcp_wire::msg_header h;
@@ -638,8 +568,7 @@ class streams {
   bool crowded_ = false;
   bool dead_ = false;
   std::string dead_why_;
-  std::vector<send_state> ss_;
-  std::vector<recv_state> rs_;
+  step st_;
   std::vector<std::vector<std::byte>> bounce_;
   std::vector<pollfd> pfd_;
   query_listing qp_;                  // the desync report's (observe)

@@ -1,0 +1,333 @@
+#pragma once
+// The progress engine: the one loop that runs a step's sends and receives, over any transport.
+//
+// A transport supplies a channel: how to move one send or one receive a little further, whether
+// anything could move now, how to sleep until something might, and what became of a peer. The
+// engine owns everything else, once, for every transport:
+//
+//  - order: messages to or from one peer share a stream, so only the first unfinished one per
+//    peer moves (core/concepts.hpp: may_progress); a channel that queues its sends
+//    (step's `Pipeline`) may post a send once every earlier one to that peer is posted;
+//  - the pending count, and the fast path: a step whose operations all move in the first sweep
+//    (an 8-byte all_reduce between two ranks of one host) reads no clock, records nothing and
+//    looks at no peer's state;
+//  - the wait: spin (iterations or a time), yield, then sleep in slices (core/wait.hpp says why
+//    each), the deadline from the moment the wait blocks, measured again after every move;
+//  - the flight record (core/call_info.hpp: timed_wait) and the rank's sign of life;
+//  - liveness and blame: a peer this step waits for that failed or left ends the wait, but only
+//    after looking once more whether what it did before it went lets the step go on (gone, then
+//    ready: core/wait.hpp, gone_unready); a failure anywhere else in the job ends it too, naming
+//    the rank that failed; at the deadline, errc::timeout naming the peer and what was awaited.
+//
+// A channel C (a transport's class, or one it owns) keeps a step<S, R, Pipeline> (S and R: its
+// per-operation state, reset every step) and has:
+//   using token                            what arm() returns: a futex word's value, or empty
+//   moved try_send(step&, std::size_t i)   post, or move on, send i
+//   moved try_recv(step&, std::size_t i)   post, or move on, receive i
+//   token arm()                            read before the last look: a change after it wakes sleep()
+//   void sleep(step&, token, nanoseconds)   at most that long, less when something may move
+//   waiting spinning() const               how long to spin and yield before sleeping
+//   fate fate_of(int p)                    whether p is live, left or failed (a peer that died: failed)
+//   std::string why(int p)                 why p is gone, said after "lost <p>: "
+//   int failed_rank()                      a rank that failed anywhere in the job, or -1
+//   std::string failure(int f)             the reason that rank gave
+// and optionally (each found with `requires`; each has a default):
+//   bool ready(const step&)             cheap, no side effects: could anything move? Without
+//                                          it the engine spins and waits by sweeping.
+//   void open(step&)                    once per step, before the first sweep
+//   bool service(step&)                 work of the channel's own each sweep (tcp: owed cts)
+//   bool stalled(step&)                 between sleeps: true when it moved something itself
+//                                          (shm's trickle); may throw (a mismatch seen there)
+//   bool hold(step&)                    nothing moved: true to sweep again at once (shm's
+//                                          spin for a single-copy acknowledgement)
+//   const char* waiting_for(const step&, bool send, std::size_t i)   the timeout's words
+//   void before_timeout(const call_info&)  tcp asks its peers where they are
+// and, for recv_any (see wait_any):
+//   int probe_head(std::span<const int> peers, const call_info&, bool slow)
+//   void sleep_any(std::span<const int> peers, token, nanoseconds)
+#include <sched.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "../core/call_info.hpp"
+#include "../core/concepts.hpp"
+#include "../core/error.hpp"
+#include "../core/wait.hpp"
+
+namespace collx::engine {
+
+/// What one try_send or try_recv did: nothing; some of it; a send posted whole that waits for
+/// its acknowledgement (it no longer holds back later sends to its peer in a pipelining
+/// channel); the operation is complete.
+enum class moved : std::uint8_t { nothing, some, handed, done };
+/// `some` when anything moved, else `nothing`: what an operation that is not finished returns.
+constexpr moved some_if(bool any) noexcept { return any ? moved::some : moved::nothing; }
+
+/// What became of a peer.
+enum class fate : std::uint8_t { live, left, failed };
+
+/// How a wait spins before it sleeps: `spins` passes (or, when `spin_time` is set, passes
+/// for that long), then `yields` sched_yield()s.
+struct waiting {
+  int spins = detail::kSpinIterations;
+  std::chrono::nanoseconds spin_time{0};
+  int yields = detail::kYieldIterations;
+};
+
+/// One operation's progress: the engine's flags and the channel's own state.
+template <class S>
+struct op {
+  bool done = false;    // (may_progress reads it)
+  bool handed = false;  // posted whole, awaiting its acknowledgement
+  S s{};
+};
+
+/// The step being run, with the channel's per-operation state S (sends) and R (receives);
+/// `Pipeline`: the send order rule of a channel that queues its sends (see the top). A
+/// transport keeps one as a member: its vectors are reused, so a warm step allocates nothing.
+template <class S, class R, bool Pipeline = false>
+struct step {
+  using send_state = S;
+  using recv_state = R;
+  std::span<const send_desc> sends;
+  std::span<const recv_desc> recvs;
+  const exchange_context* ctx = nullptr;
+  const call_info* call = nullptr;
+  std::vector<op<S>> so;
+  std::vector<op<R>> ro;
+  std::size_t pending = 0;
+
+  /// Whether send i may move now (the order rule).
+  bool send_open(std::size_t i) const {
+    if constexpr (Pipeline) {
+      for (std::size_t j = 0; j < i; ++j)
+        if (!so[j].done && !so[j].handed && sends[j].peer == sends[i].peer) return false;
+      return true;
+    } else {
+      return may_progress(sends, so, i);
+    }
+  }
+  bool recv_open(std::size_t i) const { return may_progress(recvs, ro, i); }
+  /// Calls f(peer, send, i) for every unfinished operation that may move now (what a
+  /// channel that sleeps in poll() waits on).
+  template <class F>
+  void each_open(F&& f) const {
+    for (std::size_t i = 0; i < sends.size(); ++i)
+      if (!so[i].done && send_open(i)) f(sends[i].peer, true, i);
+    for (std::size_t i = 0; i < recvs.size(); ++i)
+      if (!ro[i].done && recv_open(i)) f(recvs[i].peer, false, i);
+  }
+};
+
+namespace detail_engine {
+
+template <class C, class St>
+bool sweep(C& c, St& s) {
+  bool m = false;
+  if constexpr (requires { c.service(s); }) m = c.service(s);
+  for (std::size_t i = 0; i < s.sends.size(); ++i) {
+    auto& o = s.so[i];
+    if (o.done || !s.send_open(i)) continue;
+    switch (c.try_send(s, i)) {
+      case moved::nothing: break;
+      case moved::some: m = true; break;
+      case moved::handed: m = true; o.handed = true; break;
+      case moved::done: m = true; o.done = true; --s.pending; break;
+    }
+  }
+  for (std::size_t i = 0; i < s.recvs.size(); ++i) {
+    auto& o = s.ro[i];
+    if (o.done || !s.recv_open(i)) continue;
+    switch (c.try_recv(s, i)) {
+      case moved::nothing: break;
+      case moved::some:
+      case moved::handed: m = true; break;
+      case moved::done: m = true; o.done = true; --s.pending; break;
+    }
+  }
+  return m;
+}
+
+/// Whether anything may move: the channel's cheap test, or (without one) a sweep, which moves it.
+template <class C, class St>
+bool may_move(C& c, St& s) {
+  if constexpr (requires { c.ready(s); }) return c.ready(s);
+  else return sweep(c, s);
+}
+
+/// The first operation still pending (receives first) and what it awaits: whom a wait blames.
+template <class C, class St>
+int first_pending(C& c, const St& s, const char*& what) {
+  for (std::size_t i = 0; i < s.recvs.size(); ++i)
+    if (!s.ro[i].done) {
+      if constexpr (requires { c.waiting_for(s, false, i); }) what = c.waiting_for(s, false, i);
+      else what = "its data";
+      return s.recvs[i].peer;
+    }
+  for (std::size_t i = 0; i < s.sends.size(); ++i)
+    if (!s.so[i].done) {
+      if constexpr (requires { c.waiting_for(s, true, i); }) what = c.waiting_for(s, true, i);
+      else what = s.ctx->synchronous ? "it to receive this rank's message"
+                  : s.so[i].handed   ? "it to take this rank's data"
+                                     : "room in its channel";
+      return s.sends[i].peer;
+    }
+  return -1;
+}
+
+/// Between sleeps: a peer this step waits for that is gone, or a failure elsewhere in the job,
+/// ends the wait, unless something may move after all (looked at after the peers' fates).
+template <class C, class St>
+void check_peers(C& c, St& s, int blocked_on, const char* what) {
+  const call_info& call = *s.call;
+  int gone = -1;
+  for (std::size_t i = 0; i < s.recvs.size() && gone < 0; ++i)
+    if (!s.ro[i].done && c.fate_of(s.recvs[i].peer) != fate::live) gone = s.recvs[i].peer;
+  for (std::size_t i = 0; i < s.sends.size() && gone < 0; ++i)
+    if (!s.so[i].done && c.fate_of(s.sends[i].peer) != fate::live) gone = s.sends[i].peer;
+  const int f = c.failed_rank();
+  const bool elsewhere = f >= 0 && f != call.rank;
+  if (gone < 0 && !elsewhere) return;
+  if (may_move(c, s)) return;
+  if (gone >= 0) call.fail(errc::peer_lost, "lost " + call.peer(gone) + ": " + c.why(gone));
+  call.fail(errc::peer_lost, "the job was aborted while waiting for " + call.peer(blocked_on) + " (" + what + "): " +
+                                 call.peer(f) + " failed: " + c.failure(f));
+}
+
+/// Nothing moved: waits until something may (returns), or throws (a lost peer, the deadline).
+template <class C, class St>
+void block(C& c, St& s) {
+  const call_info& call = *s.call;
+  const char* what = "";
+  const int p = first_pending(c, s, what);
+  detail::timed_wait tw(call, p);
+  const waiting w = c.spinning();
+  using clock = std::chrono::steady_clock;
+  if (w.spin_time.count() > 0) {
+    const auto t0 = clock::now();
+    do {
+      if (may_move(c, s)) return;
+      detail::cpu_relax();
+    } while (clock::now() - t0 < w.spin_time);
+  } else {
+    for (int i = 0; i < w.spins; ++i) {
+      if (may_move(c, s)) return;
+      detail::cpu_relax();
+    }
+  }
+  if (may_move(c, s)) return;
+  tw.start();
+  // From here, through the yields (core/wait.hpp, wait_on, says why).
+  const auto deadline = clock::now() + call.timeout;
+  for (int i = 0; i < w.yields; ++i) {
+    if (may_move(c, s)) return;
+    sched_yield();
+    if ((i & 3) == 3 && clock::now() >= deadline) break;
+  }
+  for (;;) {
+    const auto t = c.arm();
+    if (may_move(c, s)) return;
+    if constexpr (requires { c.stalled(s); }) {
+      if (c.stalled(s)) return;
+    }
+    check_peers(c, s, p, what);
+    const auto now = clock::now();
+    if (now >= deadline) {
+      if (may_move(c, s)) return;
+      if constexpr (requires { c.before_timeout(call); }) c.before_timeout(call);
+      call.timed_out(p, what);
+    }
+    tw.start();
+    c.sleep(s, t, std::min<std::chrono::nanoseconds>(deadline - now, detail::kSleepSlice));
+  }
+}
+
+}  // namespace detail_engine
+
+/// Runs one step to completion over channel c, with `s` (the channel's reused step state).
+template <class C, class St>
+void exchange(C& c, St& s, std::span<const send_desc> sends, std::span<const recv_desc> recvs,
+              const exchange_context& ctx) {
+  s.sends = sends;
+  s.recvs = recvs;
+  s.ctx = &ctx;
+  s.call = ctx.call;
+  s.so.assign(sends.size(), {});
+  s.ro.assign(recvs.size(), {});
+  s.pending = sends.size() + recvs.size();
+  if constexpr (requires { c.open(s); }) c.open(s);
+  for (;;) {
+    const bool m = detail_engine::sweep(c, s);
+    if (s.pending == 0) return;
+    if (m) continue;
+    if constexpr (requires { c.hold(s); }) {
+      if (c.hold(s)) continue;
+    }
+    detail_engine::block(c, s);
+  }
+}
+
+/// Receive from any source (collectives/p2p.hpp, recv_any): waits until one of `peers` has a
+/// point-to-point message of this communicator waiting, and returns that peer. The channel's
+/// `probe_head(peers, call, slow)` says which (-1: none yet); it may read what it must to know.
+/// With `slow` (between sleeps) it also throws when every one of `peers` has left, having
+/// looked at their fates before their messages (a peer's last message may still be there). A
+/// failure anywhere in the job ends the wait.
+template <class C>
+int wait_any(C& c, std::span<const int> peers, const call_info& call) {
+  using clock = std::chrono::steady_clock;
+  detail::timed_wait tw(call, -1);
+  const waiting w = c.spinning();
+  int found = -1;
+  auto look = [&](bool slow) { return (found = c.probe_head(peers, call, slow)) >= 0; };
+  if (w.spin_time.count() > 0) {
+    const auto t0 = clock::now();
+    do {
+      if (look(false)) return found;
+      detail::cpu_relax();
+    } while (clock::now() - t0 < w.spin_time);
+  } else {
+    for (int i = 0; i < w.spins; ++i) {
+      if (look(false)) return found;
+      detail::cpu_relax();
+    }
+  }
+  tw.start();
+  const auto deadline = clock::now() + call.timeout;
+  for (int i = 0; i < w.yields; ++i) {
+    if (look(false)) return found;
+    sched_yield();
+    if ((i & 3) == 3 && clock::now() >= deadline) break;
+  }
+  for (;;) {
+    const auto t = c.arm();
+    if (const int f = c.failed_rank(); f >= 0 && f != call.rank && !look(false))
+      call.fail(errc::peer_lost, "the job was aborted while waiting for a message from any of " + call.peers(peers) + ": " +
+                                     call.peer(f) + " failed: " + c.failure(f));
+    if (look(true)) return found;
+    const auto now = clock::now();
+    if (now >= deadline) {
+      if (look(false)) return found;
+      if constexpr (requires { c.before_timeout(call); }) c.before_timeout(call);
+      call.timed_out_any(peers);
+    }
+    tw.start();
+    c.sleep_any(peers, t, std::min<std::chrono::nanoseconds>(deadline - now, detail::kSleepSlice));
+  }
+}
+
+/// sleep() for a channel whose sleepers wait on a futex word (a doorbell that peers ring when
+/// they post to this rank or take its messages): sleeps unless `ready` already holds.
+template <class Ready>
+void futex_sleep(detail::waitable& w, std::uint32_t token, bool shared, std::chrono::nanoseconds d, Ready&& ready) {
+  w.sleepers.fetch_add(1, std::memory_order_seq_cst);
+  if (!ready()) detail::futex_wait(w.word, token, d, shared);
+  w.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+}
+
+}  // namespace collx::engine
