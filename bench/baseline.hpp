@@ -26,6 +26,8 @@
 #include <string>
 #include <vector>
 
+#include <collx/algo/collectives.hpp>
+
 #include "cli.hpp"
 
 namespace baseline {
@@ -39,30 +41,25 @@ using bench_cli::usage_error;
 /// or "all", ranks the -np of drivers that start their own ranks (gloo-perf).
 struct config : bench_cli::sweep_flags {};
 
-enum class coll { all_reduce, reduce_scatter, all_gather, broadcast, all_to_all };
+/// The collectives, and their names, bus factors and kinds, are collx's one list
+/// (algo/collectives.hpp).
+using coll = collx::algo::collective;
 
 struct coll_info {
   coll c;
   const char* name;
   const char* bus;
   bool reduces, rooted;
+  constexpr explicit coll_info(coll x)
+      : c(x), name(collx::algo::traits(x).name), bus(collx::algo::traits(x).bus), reduces(collx::algo::traits(x).reduces),
+        rooted(collx::algo::traits(x).rooted) {}
 };
 
-constexpr coll_info kColls[] = {
-    {coll::all_reduce, "all_reduce", "2(n-1)/n", true, false},
-    {coll::reduce_scatter, "reduce_scatter", "(n-1)/n", true, false},
-    {coll::all_gather, "all_gather", "(n-1)/n", false, false},
-    {coll::broadcast, "broadcast", "1", false, true},
-    {coll::all_to_all, "all_to_all", "(n-1)/n", false, false},
-};
+/// The collectives the baseline drivers time: every one of the list but reduce.
+constexpr coll_info kColls[] = {coll_info(coll::all_reduce), coll_info(coll::reduce_scatter), coll_info(coll::all_gather),
+                                coll_info(coll::broadcast), coll_info(coll::all_to_all)};
 
-inline double bus_factor(coll c, int n) {
-  switch (c) {
-    case coll::all_reduce: return 2.0 * (n - 1) / n;
-    case coll::broadcast: return 1.0;
-    default: return double(n - 1) / n;
-  }
-}
+inline double bus_factor(coll c, int n) { return collx::algo::traits(c).bus_factor(n); }
 
 /// One call's buffer sizes in elements, and the row's size and count columns (as collx-perf's shape).
 struct shape {
@@ -72,7 +69,8 @@ struct shape {
 inline shape make_shape(coll c, std::size_t bytes, int n) {
   const std::size_t es = sizeof(float), un = std::size_t(n);
   switch (c) {
-    case coll::all_reduce: {
+    case coll::all_reduce:
+    case coll::reduce: {
       const std::size_t e = bytes / es;
       return {e * es, e, e, e, 0};
     }
@@ -115,6 +113,7 @@ inline float expect(coll c, const shape& sh, int n, int r, int root, std::size_t
     case coll::all_gather: return move_value(int(j / sh.k), j % sh.k);
     case coll::broadcast: return move_value(root, j);
     case coll::all_to_all: return move_value(int(j / sh.k), std::size_t(r) * sh.k + j % sh.k);
+    case coll::reduce: break;  // (not timed: kColls)
   }
   return 0;
 }

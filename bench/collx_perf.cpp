@@ -106,8 +106,10 @@ struct dtype<collx::bfloat16> {
 
 using dtypes = list<float, double, std::int32_t, std::int64_t, collx::half, collx::bfloat16>;
 using redops = list<collx::ops::sum, collx::ops::prod, collx::ops::min, collx::ops::max, collx::ops::avg>;
-using policies = list<collx::algo::ring, collx::algo::tree, collx::algo::recursive_halving,
-                      collx::algo::recursive_doubling, collx::algo::pairwise, collx::algo::automatic>;
+/// The policies (algo/policies.hpp: one list), and automatic.
+template <class... P>
+list<P..., collx::algo::automatic> and_automatic(collx::algo::policy_list<P...>);
+using policies = decltype(and_automatic(collx::algo::policies{}));
 
 /// The op of collectives that reduce nothing (printed as nccl-tests does).
 struct no_redop {
@@ -372,8 +374,10 @@ struct row {
   std::vector<std::int64_t> busy;          // --waits: per job rank, in the timed calls, ns
 };
 
+/// How a table says transport t (core/transports.hpp).
 inline const char* transport_words(const std::string& t) {
-  return t == "shm" ? "processes over shared memory" : t == "tcp" ? "processes over tcp (127.0.0.1)" : "threads of this process";
+  const collx::transport_entry* e = collx::find_transport(t);
+  return e != nullptr ? e->words.data() : "?";
 }
 
 /// The transport every run uses: "threads", "shm" or "tcp" (set once from --transport).
@@ -409,9 +413,7 @@ void launch(int n, const std::function<void(comm_t&)>& run) {
     comm_t child = g_groups > 0 ? comm.split(comm.rank() / g_groups, comm.rank(), "group") : comm.split(0, comm.rank(), "every rank");
     run(child);
   };
-  if (g_transport == "shm") collx::launch_processes<collx::transport::as_any>(n, body);
-  else if (g_transport == "tcp") collx::launch_processes<collx::transport::as_any>(n, body, collx::options{}, collx::transport::tcp_config{});
-  else collx::launch_threads<collx::transport::as_any>(n, body);
+  collx::launch_named<collx::transport::as_any>(g_transport, n, body);
 }
 
 /// Storage type: E for reducing collectives, an unsigned carrier of E's size for the others.
@@ -532,7 +534,7 @@ struct sweep_info {
 
 /// The model's parameters for this run's transport, as automatic reads them.
 collx::model::params run_params(const config& cfg) {
-  return collx::model::params_for(cfg.transport == "threads" ? "inproc" : cfg.transport, cfg.ranks);
+  return collx::model::params_for(collx::find_transport(cfg.transport)->name, cfg.ranks);
 }
 
 /// With --algo all: for each size, the fastest policy against automatic, and what the model
@@ -845,7 +847,7 @@ std::vector<double> time_policies(const config& cfg, const std::vector<std::size
 }
 
 int calibrate(const config& cfg) {
-  const std::string kind = cfg.transport == "threads" ? "inproc" : cfg.transport;
+  const std::string kind(collx::find_transport(cfg.transport)->name);
   std::printf("# collx-perf --calibrate: the cost model's alpha, beta, gamma for transport %s, %d ranks (%s)\n",
               kind.c_str(), cfg.ranks, transport_words(cfg.transport));
   std::fflush(stdout);
@@ -975,7 +977,7 @@ void run_demo(config cfg, totals& tot) {
   cfg.check = true;
   std::printf("# collx-perf --demo: five collectives on %d %s, every policy, %zu B .. %zu B (x%zu),\n"
               "# %d timed calls after %d warm-up calls per size, dtype %s, redop %s.\n#\n",
-              cfg.ranks, cfg.transport == "shm" ? "processes (transport::shm)" : cfg.transport == "tcp" ? "processes (transport::tcp, loopback)" : "thread-ranks (transport::inproc)",
+              cfg.ranks, (std::string(transport_words(cfg.transport)) + " (transport::" + std::string(collx::find_transport(cfg.transport)->name) + ")").c_str(),
               cfg.minbytes, cfg.maxbytes, cfg.factor, cfg.iters, cfg.warmup, cfg.dtype.c_str(), cfg.redop.c_str());
   for_each(list<all_reduce_c, reduce_scatter_c, all_gather_c, broadcast_c, all_to_all_c>{},
            [&]<class C>(std::type_identity<C>) {
@@ -1079,10 +1081,10 @@ config parse(int argc, char** argv) {
     else return false;
     return true;
   });
-  if (cfg.transport != "threads" && cfg.transport != "shm" && cfg.transport != "tcp")
-    throw usage_error("--transport '" + cfg.transport +
-                      "' is not available: 'threads' (ranks as threads of this process), 'shm' (forked processes "
-                      "over shared memory), 'tcp' (forked processes over loopback sockets) or 'cuda' (thread-ranks on GPUs)");
+  if (const collx::transport_entry* t = collx::find_transport(cfg.transport); t == nullptr || t->ranks == collx::rank_kind::device)
+    throw usage_error("--transport '" + cfg.transport + "' is not available: " +
+                      collx::transport_flags(collx::rank_kind::threads, collx::rank_kind::processes, collx::rank_kind::hosts) +
+                      " (core/transports.hpp), or 'cuda' (thread-ranks on GPUs, run by collx-perf-cuda)");
   g_transport = cfg.transport;
   g_split = cfg.split;
   g_groups = cfg.groups;

@@ -102,6 +102,7 @@ struct gloo_backend {
         break;
       }
       case coll::reduce_scatter: throw std::runtime_error("gloo-perf: reduce_scatter is not measured");
+      case coll::reduce: throw std::runtime_error("gloo-perf: reduce is not measured");
     }
   }
   /// The check call must start from fresh inputs: rebuild the all-reduce (it copies in -> out).

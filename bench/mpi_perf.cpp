@@ -50,6 +50,9 @@ struct mpi_backend {
       case coll::all_to_all:
         MPI_Alltoall(in, as_int(sh.k), MPI_FLOAT, out, as_int(sh.k), MPI_FLOAT, MPI_COMM_WORLD);
         break;
+      case coll::reduce:
+        MPI_Reduce(in, out, as_int(sh.count), MPI_FLOAT, MPI_SUM, root, MPI_COMM_WORLD);
+        break;
     }
   }
 };

@@ -25,6 +25,7 @@
 
 #include <map>
 #include <mutex>
+#include <thread>
 
 namespace collx_test::ipc {
 
@@ -95,6 +96,7 @@ struct memfd_backend {
   /// fd: descriptors over the Unix sockets; opaque: /proc/<pid>/fd/<n> in the handle bytes.
   dipc::handle_kind mode = dipc::handle_kind::fd;
   int imports = 0, unmaps = 0;  // (the tests count them)
+  std::chrono::milliseconds delay_import{0};  // a slow peer: import waits this long first
 
   owned allocate(std::size_t bytes) {
     std::byte* p = memfd_alloc(bytes);
@@ -132,6 +134,7 @@ struct memfd_backend {
     throw collx::error(collx::errc::transport_error, "memfd backend: no allocation " + std::to_string(d.id));
   }
   std::byte* import(const dipc::alloc_desc& d, int fd) {
+    if (delay_import.count() > 0) std::this_thread::sleep_for(delay_import);
     int f = fd;
     if (d.kind == dipc::handle_kind::opaque) {
       std::int64_t pid = 0, n = 0;

@@ -173,132 +173,16 @@ std::string check_matching(const std::vector<schedule>& all) {
 
 // ---- the textbook formulas -------------------------------------------------------------------
 
-/// A formula for the timeline length and for one byte count, and whose bytes it is.
-struct formula {
-  std::string steps_text;
-  int steps = 0;
-  std::string bytes_text;
-  double bytes = 0;
-  enum class who { each, one_rank, max, total } whom = who::each;
-  int rank = 0;         // for one_rank
-  bool received = false;  // the count is of bytes received, not sent
-  bool pow2_only = false;  // the byte formula holds for N a power of two
-  int segments = 1;        // the buffer's blocks are rounded once per segment
-};
+using algo::formula;
 
-int tree_height(int n) {  // the taller of the double binary tree's two trees
-  int best = 0;
-  for (int t = 0; t < 2; ++t) {
-    std::vector<int> depth(std::size_t(n), 0);
-    for (int r = 0; r < n; ++r)
-      for (int a = r; algo::dtree(n, a, t).parent >= 0; a = algo::dtree(n, a, t).parent) ++depth[std::size_t(r)];
-    best = std::max(best, *std::max_element(depth.begin(), depth.end()));
-  }
-  return best;
-}
-
+/// The policy's textbook formula, from its own file (algo/textbook.hpp); none for a policy
+/// without one.
 template <class Algo>
 formula textbook(const Algo&, const config& cfg) {
-  using W = formula::who;
-  const int n = cfg.n, lg = algo::ceil_log2(n), p = algo::floor_pow2(n), lgp = algo::ceil_log2(p);
-  const bool pow2 = n == p;
-  // D: the whole buffer of all_reduce, broadcast and reduce; the N blocks of k elements of the
-  // split collectives (reduce_scatter's input, all_gather's output, all_to_all's send buffer).
-  const bool split = cfg.c == coll::reduce_scatter || cfg.c == coll::all_gather || cfg.c == coll::all_to_all;
-  const double D = double(split ? cfg.bytes / elem / std::size_t(n) * std::size_t(n) * elem : cfg.bytes / elem * elem);
-  const double share = double(n - 1) / n * D;
-  const std::string lgs = pow2 ? "log2 N" : "log2 p + 2";  // recursive halving's steps per phase
-  const int lgv = pow2 ? lgp : lgp + 2;
-  const int chain_chunks = algo::chunks(cfg.bytes / elem, elem, algo::tuning::pipeline_chunk_bytes).parts;
-  // A composed all_reduce (reduce-scatter then all-gather, algo/compose.hpp) of a large buffer
-  // runs in segments, one after another: the textbook's steps, once per segment.
-  const std::size_t seg = algo::tuning::all_reduce_segment(cfg.bytes / elem, elem);
-  const int segments = int((cfg.bytes / elem + seg - 1) / std::max<std::size_t>(seg, 1));
-  auto per_segment = [&](formula f) {
-    if (cfg.c != coll::all_reduce || segments <= 1) return f;
-    f.steps_text = std::to_string(segments) + " segments of " + std::to_string((seg * elem) >> 10) + " KiB x " +
-                   (f.steps_text.find(' ') == std::string::npos && f.steps_text.front() != '(' ? f.steps_text : "(" + f.steps_text + ")");
-    f.steps *= segments;
-    f.segments = segments;
-    return f;
-  };
-  const std::string C = "C = " + std::to_string(chain_chunks) + " chunks of 256 KiB";
-  if constexpr (std::is_same_v<Algo, algo::ring>) {
-    switch (cfg.c) {
-      case coll::all_reduce: return per_segment({"2(N-1)", 2 * (n - 1), "2(N-1)/N·D", 2 * share, W::each});
-      case coll::reduce_scatter:
-      case coll::all_gather: return {"N-1", n - 1, "(N-1)/N·D", share, W::each};
-      case coll::broadcast:
-        return {"C+N-2, " + C, chain_chunks + n - 2, "D by every rank but the chain's last", D, W::max};
-      case coll::reduce:
-        return {"C+N-2, " + C, chain_chunks + n - 2, "D, received and reduced, by every rank but the chain's first", D,
-                W::max, 0, true};
-      default: break;
-    }
-  } else if constexpr (std::is_same_v<Algo, algo::tree>) {
-    switch (cfg.c) {
-      case coll::all_reduce: {
-        const int H = tree_height(n), trees = cfg.commutative ? 2 : 1;
-        const std::size_t largest = partition(cfg.bytes / elem, trees).count(0);
-        const int c = algo::chunks(largest, elem, algo::tuning::pipeline_chunk_bytes).parts;
-        return {"2H+C-1, H = " + std::to_string(H) + " (tree height), C = " + std::to_string(c) + " chunk(s) per tree",
-                2 * H + c - 1, "2(N-1)·D, all ranks together", 2.0 * (n - 1) * D, W::total};
-      }
-      case coll::reduce_scatter:
-        return {"2·ceil(log2 N): reduce to rank 0, then scatter", 2 * lg, "(N-1)/N·D by rank 0 (the scatter)", share,
-                W::one_rank, 0};
-      case coll::all_gather:
-        return {"2·ceil(log2 N): gather at rank 0, then broadcast", 2 * lg, "ceil(log2 N)·D by rank 0 (the broadcast)",
-                lg * D, W::one_rank, 0};
-      case coll::broadcast:
-        return {"ceil(log2 N)", lg, "ceil(log2 N)·D by the root", lg * D, W::one_rank, cfg.root};
-      case coll::reduce: {
-        // A non-commutative op is reduced at rank 0 (where binomial subtrees are rank ranges), which
-        // then forwards the result to the root in one more step.
-        const bool forward = !cfg.commutative && cfg.root != 0;
-        return {forward ? "ceil(log2 N)+1" : "ceil(log2 N)", lg + (forward ? 1 : 0),
-                forward ? "ceil(log2 N)·D received by rank 0" : "ceil(log2 N)·D received by the root",
-                lg * D, W::one_rank, forward ? 0 : cfg.root, true};
-      }
-      default: break;
-    }
-  } else if constexpr (std::is_same_v<Algo, algo::recursive_halving>) {
-    const std::string note;
-    formula f = [&]() -> formula {
-    switch (cfg.c) {
-      case coll::all_reduce:
-        if (!cfg.commutative)
-          return per_segment({"2(" + lgs + ")", 2 * lgv, "log2 p·D + (N-1)/N·D (doubling on whole vectors, then all-gather)" + note,
-                              lgp * D + share, W::max});
-        return per_segment({"2(" + lgs + ")", 2 * lgv, "2(N-1)/N·D" + note, 2 * share, W::max});
-      case coll::reduce_scatter:
-        if (!cfg.commutative) return {lgs, lgv, "log2 p·D (doubling on whole vectors)" + note, lgp * D, W::max};
-        return {lgs, lgv, "(N-1)/N·D" + note, share, W::max};
-      case coll::all_gather: return {lgs, lgv, "(N-1)/N·D" + note, share, W::max};
-      case coll::broadcast:
-        // ceil(log2 N) steps of binomial scatter, then the all-gather's.
-        return {"ceil(log2 N)+(" + lgs + "): binomial scatter, then all-gather", lg + lgv,
-                "2(N-1)/N·D by the root" + note, 2 * share, W::one_rank, cfg.root};
-      case coll::reduce:
-        return {"(" + lgs + ")+1: reduce-scatter, then every block straight to the root", lgv + 1,
-                "(N-1)/N·D received by the root in the last step, after its reduce-scatter share" + note,
-                cfg.commutative ? 2 * share : lgp * D + share, W::one_rank, cfg.root, true};
-      default: break;
-    }
+  if constexpr (requires(const algo::textbook_case& k) { Algo::textbook(k); })
+    return Algo::textbook(algo::textbook_case{cfg.c, cfg.n, cfg.bytes, elem, cfg.commutative, cfg.root});
+  else
     return {};
-    }();
-    f.pow2_only = !pow2;
-    return f;
-  } else if constexpr (std::is_same_v<Algo, algo::pairwise>) {
-    if (cfg.bytes / std::size_t(n) <= algo::tuning::a2a_one_step_bytes)
-      return {"1 (blocks of at most 1 MiB: every exchange at once)", 1, "(N-1)/N·D", share, W::each};
-    return {"N-1", n - 1, "(N-1)/N·D", share, W::each};
-  } else if constexpr (std::is_same_v<Algo, algo::recursive_doubling>) {
-    formula f{lgs, lgv, "log2 p·D (whole vectors), + D on the folded ranks", lgp * D, W::max};
-    f.pow2_only = !pow2;
-    return f;
-  }
-  return {};
 }
 
 // ---- printing --------------------------------------------------------------------------------
@@ -734,7 +618,7 @@ bool write_dot(const config& cfg) {
 
 /// --measure: runs collx-perf for each policy at this size and prints predicted and measured time.
 bool measure(const config& cfg) {
-  const std::string perf_transport = cfg.transport == "inproc" ? "threads" : cfg.transport;
+  const std::string perf_transport(collx::find_transport(cfg.transport)->flag);
   const model::problem pr = problem_of(cfg);
   const std::size_t b = pr.bytes();
   const int iters = b < (std::size_t(64) << 10) ? 1000 : b <= (std::size_t(4) << 20) ? 50 : 5;
@@ -835,9 +719,9 @@ int main(int argc, char** argv) {
     } else if (arg == "--noncommutative") {
       cfg.commutative = false;
     } else if (arg == "--transport") {
-      cfg.transport = value();
-      if (cfg.transport == "threads") cfg.transport = "inproc";
-      if (cfg.transport != "inproc" && cfg.transport != "shm" && cfg.transport != "tcp") return usage(argv[0]);
+      const collx::transport_entry* t = collx::find_transport(value());
+      if (t == nullptr || t->ranks == collx::rank_kind::device) return usage(argv[0]);
+      cfg.transport = t->name;
     } else if (arg == "--policy") {
       cfg.policy = value();
       for (std::size_t a = 0; a <= cfg.policy.size();) {
@@ -884,7 +768,7 @@ int main(int argc, char** argv) {
                  cfg.commutative ? "" : " for a non-commutative op");
     return 2;
   }
-  cfg.params = model::params_for(cfg.transport == "threads" ? "inproc" : cfg.transport, cfg.n);
+  cfg.params = model::params_for(cfg.transport, cfg.n);
   if (alpha >= 0 || beta >= 0 || gamma >= 0 || delta >= 0) {
     if (alpha >= 0) cfg.params.alpha = alpha;
     if (beta >= 0) cfg.params.beta = beta;

@@ -23,6 +23,7 @@
 #include "features/fuse.hpp"
 #include "launch/threads.hpp"
 #include "launch/processes.hpp"
+#include "launch/named.hpp"
 #include "core/job_env.hpp"
 #include "ops/ops.hpp"
 #include "features/groups.hpp"

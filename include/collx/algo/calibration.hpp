@@ -43,6 +43,7 @@
 #include <system_error>
 #include <vector>
 
+#include "../core/transports.hpp"
 #include "model.hpp"
 
 namespace collx::model {
@@ -60,22 +61,23 @@ inline std::string calibration_file(std::string_view transport, int ranks) {
                    : d + "/calibration-" + std::string(transport) + "-np" + std::to_string(ranks) + ".txt";
 }
 
-/// Shipped defaults, measured on the development machine (2 cores, Debian 12, 2 ranks,
-/// `collx-perf --calibrate --transport T`): they order the policies sensibly anywhere, but a
-/// machine's own calibration is better. cuda's are not measured (no GPU has run collx yet): α is
-/// a step's flag round trip in peer memory behind a system-scope fence, estimated at 2 us; β a
-/// pull's two bytes of HBM traffic (read the peer's, write its own) per byte at the ~4 TB/s an
-/// H200 reaches of its 4.8 TB/s; γ the extra operand a reducing pull reads. cuda-ipc (process-
-/// ranks, one GPU each), also estimated: each call's exchange of buffers through the bootstrap
-/// (an all_gather over shm, ~5 us) added to cuda's α; β a pull over NVLink (~450 GB/s a
-/// direction between two H100/H200 of an HGX node).
+/// Shipped defaults (core/transports.hpp: the list of transports holds them), measured on the
+/// development machine (2 cores, Debian 12, 2 ranks, `collx-perf --calibrate --transport T`):
+/// they order the policies sensibly anywhere, but a machine's own calibration is better. cuda's
+/// are not measured (no GPU has run collx yet): α is a step's flag round trip in peer memory
+/// behind a system-scope fence, estimated at 2 us; β a pull's two bytes of HBM traffic (read the
+/// peer's, write its own) per byte at the ~4 TB/s an H200 reaches of its 4.8 TB/s; γ the extra
+/// operand a reducing pull reads. cuda-ipc (process-ranks, one GPU each), also estimated: each
+/// call's exchange of buffers through the bootstrap (an all_gather over shm, ~5 us) added to
+/// cuda's α; β a pull over NVLink (~450 GB/s a direction between two H100/H200 of an HGX node).
+/// A transport the list does not have gets inproc's.
 inline params shipped_defaults(std::string_view transport) {
+  const transport_entry* t = find_transport(transport);
+  if (t == nullptr) t = find_transport("inproc");
   params p;
-  if (transport == "shm") p = {2.1e-7, 7.3e-11, 1.2e-10, {}};
-  else if (transport == "cuda") p = {2.0e-6, 5.0e-13, 2.5e-13, {}};
-  else if (transport == "cuda-ipc") p = {8.0e-6, 2.2e-12, 2.5e-13, {}};
-  else if (transport == "tcp") p = {4.0e-6, 4.5e-10, 1.2e-10, {}};
-  else p = {6.1e-6, 1.2e-10, 1.2e-10, {}};  // inproc (threads), and anything else
+  p.alpha = t->alpha;
+  p.beta = t->beta;
+  p.gamma = t->gamma;
   p.source = "shipped defaults for " + std::string(transport);
   return p;
 }
@@ -227,8 +229,9 @@ inline params params_for(std::string_view transport, int ranks) {
       return *p;
     }
   params p = shipped_defaults(transport);
-  p.source += " (" + why + "; run `collx-perf --calibrate --transport " +
-              std::string(transport == "inproc" ? "threads" : transport) + " -np " + std::to_string(ranks) + "`)";
+  const transport_entry* t = find_transport(transport);
+  p.source += " (" + why + "; run `collx-perf --calibrate --transport " + std::string(t ? t->flag : transport) + " -np " +
+              std::to_string(ranks) + "`)";
   return p;
 }
 

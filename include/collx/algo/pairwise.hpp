@@ -21,6 +21,7 @@
 #include "problem.hpp"
 #include "profile.hpp"
 #include "tuning.hpp"
+#include "textbook.hpp"
 
 namespace collx::algo {
 
@@ -95,6 +96,14 @@ struct pairwise {
       s.recv(p.actual(v - st), p.block(mod(v - st, n)));
     }
     return s;
+  }
+
+  /// The textbook's steps and bytes (algo/textbook.hpp; collx-explain prints them).
+  static formula textbook(const textbook_case& k) {
+    using W = formula::who;
+    if (k.bytes / std::size_t(k.n) <= tuning::a2a_one_step_bytes)
+      return {"1 (blocks of at most 1 MiB: every exchange at once)", 1, "(N-1)/N·D", k.share(), W::each};
+    return {"N-1", k.n - 1, "(N-1)/N·D", k.share(), W::each};
   }
 };
 

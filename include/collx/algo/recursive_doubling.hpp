@@ -16,6 +16,7 @@
 #include "../core/concepts.hpp"
 #include "problem.hpp"
 #include "recursive_halving.hpp"
+#include "textbook.hpp"
 
 namespace collx::algo {
 
@@ -43,6 +44,13 @@ struct recursive_doubling {
     s.copy(out, sum);  // in place, the last sum is in scratch; copies run before the step's transfers
     if (me < 2 * f.r) s.send(me - 1, out);
     return s;
+  }
+
+  /// The textbook's steps and bytes (algo/textbook.hpp; collx-explain prints them).
+  static formula textbook(const textbook_case& k) {
+    formula f{k.lgs(), k.lgv(), "log2 p·D (whole vectors), + D on the folded ranks", k.lgp() * k.D(), formula::who::max};
+    f.pow2_only = !k.pow2();
+    return f;
   }
 };
 

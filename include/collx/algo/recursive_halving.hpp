@@ -29,6 +29,7 @@
 #include "../core/concepts.hpp"
 #include "binomial.hpp"
 #include "problem.hpp"
+#include "textbook.hpp"
 
 namespace collx::algo {
 
@@ -266,6 +267,40 @@ struct recursive_halving {
       return t_end + 1;
     }
     return f.r > 0 ? t_end + 1 : t_end;
+  }
+
+ public:
+  /// The textbook's steps and bytes (algo/textbook.hpp; collx-explain prints them). Its byte
+  /// counts hold for N a power of two (the folded ranks move more).
+  static formula textbook(const textbook_case& k) {
+    using W = formula::who;
+    const double D = k.D(), share = k.share();
+    const int lgp = k.lgp(), lgv = k.lgv(), lg = k.lg();
+    const std::string lgs = k.lgs();
+    formula f = [&]() -> formula {
+      switch (k.c) {
+        case collective::all_reduce:
+          if (!k.commutative)
+            return k.per_segment({"2(" + lgs + ")", 2 * lgv, "log2 p·D + (N-1)/N·D (doubling on whole vectors, then all-gather)",
+                                  lgp * D + share, W::max});
+          return k.per_segment({"2(" + lgs + ")", 2 * lgv, "2(N-1)/N·D", 2 * share, W::max});
+        case collective::reduce_scatter:
+          if (!k.commutative) return {lgs, lgv, "log2 p·D (doubling on whole vectors)", lgp * D, W::max};
+          return {lgs, lgv, "(N-1)/N·D", share, W::max};
+        case collective::all_gather: return {lgs, lgv, "(N-1)/N·D", share, W::max};
+        case collective::broadcast:
+          // ceil(log2 N) steps of binomial scatter, then the all-gather's.
+          return {"ceil(log2 N)+(" + lgs + "): binomial scatter, then all-gather", lg + lgv, "2(N-1)/N·D by the root",
+                  2 * share, W::one_rank, k.root};
+        case collective::reduce:
+          return {"(" + lgs + ")+1: reduce-scatter, then every block straight to the root", lgv + 1,
+                  "(N-1)/N·D received by the root in the last step, after its reduce-scatter share",
+                  k.commutative ? 2 * share : lgp * D + share, W::one_rank, k.root, true};
+        default: return {};
+      }
+    }();
+    f.pow2_only = !k.pow2();
+    return f;
   }
 };
 

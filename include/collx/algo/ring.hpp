@@ -31,6 +31,7 @@
 #include "problem.hpp"
 #include "profile.hpp"
 #include "tuning.hpp"
+#include "textbook.hpp"
 
 namespace collx::algo {
 
@@ -176,6 +177,24 @@ struct ring {
     chain(s, n, v, ch.parts, [&](int c) { s.send(mod(p.rank + 1, n), chunk(v == 0 ? buf::in : acc, c)); },
           [&](int c) { s.recv(mod(p.rank - 1, n), chunk(acc, c), chunk(buf::in, c), combine::received_left); });
     return s;
+  }
+
+  /// The textbook's steps and bytes (algo/textbook.hpp; collx-explain prints them).
+  static formula textbook(const textbook_case& k) {
+    using W = formula::who;
+    const int n = k.n;
+    const double D = k.D(), share = k.share();
+    const int C = k.chain_chunks();
+    const std::string Cs = "C = " + std::to_string(C) + " chunks of 256 KiB";
+    switch (k.c) {
+      case collective::all_reduce: return k.per_segment({"2(N-1)", 2 * (n - 1), "2(N-1)/N·D", 2 * share, W::each});
+      case collective::reduce_scatter:
+      case collective::all_gather: return {"N-1", n - 1, "(N-1)/N·D", share, W::each};
+      case collective::broadcast: return {"C+N-2, " + Cs, C + n - 2, "D by every rank but the chain's last", D, W::max};
+      case collective::reduce:
+        return {"C+N-2, " + Cs, C + n - 2, "D, received and reduced, by every rank but the chain's first", D, W::max, 0, true};
+      default: return {};
+    }
   }
 };
 

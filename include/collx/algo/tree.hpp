@@ -35,6 +35,7 @@
 #include "problem.hpp"
 #include "profile.hpp"
 #include "tuning.hpp"
+#include "textbook.hpp"
 
 namespace collx::algo {
 
@@ -306,6 +307,49 @@ struct tree {
         if (busy[t]) m.add(int(t), out[t], in[t], red[t], members[i]);
     }
     return m.runs();
+  }
+
+  /// The taller of the double binary tree's two trees.
+  static int height(int n) {
+    int best = 0;
+    for (int t = 0; t < 2; ++t) {
+      std::vector<int> depth(std::size_t(n), 0);
+      for (int r = 0; r < n; ++r)
+        for (int a = r; dtree(n, a, t).parent >= 0; a = dtree(n, a, t).parent) ++depth[std::size_t(r)];
+      best = std::max(best, *std::max_element(depth.begin(), depth.end()));
+    }
+    return best;
+  }
+
+  /// The textbook's steps and bytes (algo/textbook.hpp; collx-explain prints them).
+  static formula textbook(const textbook_case& k) {
+    using W = formula::who;
+    const int n = k.n, lg = k.lg();
+    const double D = k.D(), share = k.share();
+    switch (k.c) {
+      case collective::all_reduce: {
+        const int H = height(n), trees = k.commutative ? 2 : 1;
+        const std::size_t largest = partition(k.bytes / k.elem, trees).count(0);
+        const int c = chunks(largest, k.elem, tuning::pipeline_chunk_bytes).parts;
+        return {"2H+C-1, H = " + std::to_string(H) + " (tree height), C = " + std::to_string(c) + " chunk(s) per tree",
+                2 * H + c - 1, "2(N-1)·D, all ranks together", 2.0 * (n - 1) * D, W::total};
+      }
+      case collective::reduce_scatter:
+        return {"2·ceil(log2 N): reduce to rank 0, then scatter", 2 * lg, "(N-1)/N·D by rank 0 (the scatter)", share, W::one_rank, 0};
+      case collective::all_gather:
+        return {"2·ceil(log2 N): gather at rank 0, then broadcast", 2 * lg, "ceil(log2 N)·D by rank 0 (the broadcast)", lg * D,
+                W::one_rank, 0};
+      case collective::broadcast: return {"ceil(log2 N)", lg, "ceil(log2 N)·D by the root", lg * D, W::one_rank, k.root};
+      case collective::reduce: {
+        // A non-commutative op is reduced at rank 0 (where binomial subtrees are rank ranges),
+        // which then forwards the result to the root in one more step.
+        const bool forward = !k.commutative && k.root != 0;
+        return {forward ? "ceil(log2 N)+1" : "ceil(log2 N)", lg + (forward ? 1 : 0),
+                forward ? "ceil(log2 N)·D received by rank 0" : "ceil(log2 N)·D received by the root", lg * D, W::one_rank,
+                forward ? 0 : k.root, true};
+      }
+      default: return {};
+    }
   }
 };
 

@@ -107,26 +107,6 @@ inline flight_registry& flight_recorders() {
   return *r;
 }
 
-inline void json_string(std::string& o, std::string_view s) {
-  o += '"';
-  for (char c : s) {
-    switch (c) {
-      case '"': o += "\\\""; break;
-      case '\\': o += "\\\\"; break;
-      case '\n': o += "\\n"; break;
-      case '\t': o += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char b[8];
-          std::snprintf(b, sizeof b, "\\u%04x", c);
-          o += b;
-        } else {
-          o += c;
-        }
-    }
-  }
-  o += '"';
-}
 inline std::string_view sig_text(const char* p, std::size_t n) { return {p, strnlen(p, n)}; }
 
 void dump_job_rank_noexcept(int job_rank, const char* reason) noexcept;
@@ -327,54 +307,8 @@ class flight_recorder {
     return cum_;
   }
 
-  /// This communicator as a JSON object.
-  std::string json() const {
-    std::lock_guard g(mu_);
-    std::string o = "{\"name\":";
-    json_string(o, id_ == nullptr || id_->is_job() ? std::string("world") : id_->name);
-    o += ",\"transport\":";
-    json_string(o, transport_ == nullptr ? "" : transport_);
-    o += ",\"rank\":" + std::to_string(rank_) + ",\"size\":" + std::to_string(size_) + ",\"job_ranks\":[";
-    for (int r = 0; r < size_; ++r) o += (r ? "," : "") + std::to_string(id_ == nullptr ? r : id_->job_rank(r));
-    o += "],\"calls_total\":" + std::to_string(next_) + ",\"capacity\":" + std::to_string(cap());
-    // Where this rank is now outside collx: in the continuations (callbacks) of a call's work
-    // since in_callback_since_ns (0: not), its calls from Python or not
-    o += ",\"in_callback_since_ns\":" + std::to_string(user_since_.load(std::memory_order_relaxed)) + ",\"caller\":\"" +
-         (caller_language.load(std::memory_order_relaxed) & position::kPython ? "Python" : "C++") + "\"";
-    o += ",\"waits\":{\"calls\":" + std::to_string(cum_.calls) + ",\"busy_ns\":" + std::to_string(cum_.busy_ns) + ",\"waited_ns\":[";
-    for (std::size_t p = 0; p < cum_.waited_ns.size(); ++p) o += (p ? "," : "") + std::to_string(cum_.waited_ns[p]);
-    o += "],\"late_ns\":[";
-    for (std::size_t p = 0; p < cum_.late_ns.size(); ++p) o += (p ? "," : "") + std::to_string(cum_.late_ns[p]);
-    o += "]},\"calls\":[";
-    const std::uint64_t first = next_ > cap() ? next_ - cap() : 0;
-    for (std::uint64_t i = first; i < next_; ++i) {
-      const flight_entry e = snapshot(i);
-      if (i != first) o += ",";
-      o += "{\"index\":" + std::to_string(e.index) + ",\"seq\":" + std::to_string(e.sig.seq) + ",\"collective\":";
-      json_string(o, sig_text(e.sig.collective, sizeof e.sig.collective));
-      o += ",\"policy\":";
-      json_string(o, sig_text(e.sig.policy, sizeof e.sig.policy));
-      o += ",\"op\":";
-      json_string(o, sig_text(e.sig.op, sizeof e.sig.op));
-      o += ",\"count\":" + std::to_string(e.sig.count) + ",\"elem_size\":" + std::to_string(e.sig.elem_size) +
-           ",\"root\":" + std::to_string(e.sig.root) + ",\"state\":\"" + to_string(e.state) +
-           "\",\"issued_ns\":" + std::to_string(e.issued_ns) + ",\"start_ns\":" + std::to_string(e.start_ns) +
-           ",\"end_ns\":" + std::to_string(e.end_ns) + ",\"waited_ns\":" + std::to_string(e.waited_ns) +
-           ",\"waiting_for\":" + std::to_string(e.waiting_for) + ",\"peers\":[";
-      for (int k = 0; k < e.n_peers; ++k) {
-        const peer_wait& w = e.peers[std::size_t(k)];
-        o += std::string(k ? "," : "") + "{\"peer\":" + std::to_string(w.peer) + ",\"waited_ns\":" + std::to_string(w.waited_ns) +
-             ",\"late_ns\":" + std::to_string(w.late_ns) + "}";
-      }
-      o += "]";
-      if (e.state == call_state::failed) {
-        o += ",\"code\":" + std::to_string(e.code) + ",\"error\":";
-        json_string(o, e.error);
-      }
-      o += "}";
-    }
-    return o + "]}";
-  }
+  /// This communicator as a JSON object (comm/flight/json.hpp).
+  std::string json() const;
 
   void set_dump_on_error(bool on) noexcept {
     std::lock_guard g(mu_);
@@ -503,47 +437,6 @@ class flight_recorder {
   bool dump_on_error_ = true;
 };
 
-inline std::string dump_dir() { return env_string("COLLX_DUMP_DIR"); }
-
-/// Every communicator of job rank `job_rank` in this process, as one JSON document.
-inline std::string job_rank_json(int job_rank, const char* reason) {
-  char host[256] = {};
-  ::gethostname(host, sizeof host - 1);
-  std::string o = "{\"collx_flight_recorder\":1,\"job_rank\":" + std::to_string(job_rank) + ",\"host\":";
-  json_string(o, host);
-  o += ",\"pid\":" + std::to_string(::getpid()) + ",\"time_ns\":" + std::to_string(wall_ns()) + ",\"reason\":";
-  json_string(o, reason);
-  o += ",\"communicators\":[";
-  auto& r = flight_recorders();
-  std::lock_guard g(r.mu);
-  bool first = true;
-  for (const flight_recorder* f : r.all) {
-    if (f->job_rank() != job_rank || !f->enabled()) continue;
-    if (!first) o += ",";
-    first = false;
-    o += f->json();
-  }
-  return o + "]}\n";
-}
-
-/// Writes the dump of `job_rank` to dir/collx-rank<R>.json (through a temporary file, so a
-/// reader never sees half of one). Returns the path.
-inline std::string write_dump(const std::string& dir, int job_rank, const char* reason) {
-  const std::string body = job_rank_json(job_rank, reason);
-  const std::string path = dir + "/collx-rank" + std::to_string(job_rank) + ".json";
-  const std::string tmp = path + ".tmp" + std::to_string(::getpid()) + "." +
-                          std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()));
-  std::FILE* f = std::fopen(tmp.c_str(), "w");
-  if (f == nullptr)
-    throw error(errc::invalid_argument, "collx flight recorder: cannot write " + tmp + " (COLLX_DUMP_DIR=" + dir + ")");
-  const bool ok = std::fwrite(body.data(), 1, body.size(), f) == body.size();
-  if (std::fclose(f) != 0 || !ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw error(errc::invalid_argument, "collx flight recorder: cannot write " + path);
-  }
-  return path;
-}
-
 /// note_blocked_hook (core/call_info.hpp): the blocked rank's positions on its other communicators.
 inline void note_blocked(const call_info& c, int peer, bool on) noexcept {
   const int me = c.comm == nullptr ? c.rank : c.comm->job_rank(c.rank);
@@ -553,62 +446,9 @@ inline void note_blocked(const call_info& c, int peer, bool on) noexcept {
 }
 inline const bool note_blocked_installed = (note_blocked_hook = &note_blocked, true);
 
-inline void dump_job_rank_noexcept(int job_rank, const char* reason) noexcept {
-  try {
-    const std::string dir = dump_dir();
-    if (!dir.empty()) write_dump(dir, job_rank, reason);
-  } catch (...) {
-    // a dump that cannot be written must not hide the call's own error
-  }
-}
-
-/// Every job rank of this process dumped (the signal's thread).
-inline void dump_all_noexcept(const char* reason) noexcept {
-  try {
-    std::vector<int> ranks;
-    {
-      auto& r = flight_recorders();
-      std::lock_guard g(r.mu);
-      for (const flight_recorder* f : r.all) ranks.push_back(f->job_rank());
-    }
-    std::sort(ranks.begin(), ranks.end());
-    ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
-    std::string dir = dump_dir();
-    if (dir.empty()) dir = ".";
-    for (int j : ranks) write_dump(dir, j, reason);
-  } catch (...) {
-  }
-}
-
 }  // namespace detail
 
 namespace flight {
-
-/// The rank of a group that its peers' waits blame, when one stands out: given per rank the
-/// wait the others' tables blame on it (`late`, wait_table::late_ns summed over the group) and
-/// its time in calls (`busy`), the rank whose blame is over half the group's, at least three
-/// times the next rank's, at least a fifth of the median time in calls and at least 1 ms; -1
-/// when none is (noise: on a crowded host every rank is a little late now and then).
-/// collx-perf --waits and collx-trace mark a straggler by this rule.
-inline int straggler(const std::vector<std::int64_t>& late, const std::vector<std::int64_t>& busy) {
-  std::int64_t total = 0, best = 0, second = 0;
-  int who = -1;
-  for (std::size_t r = 0; r < late.size(); ++r) {
-    total += late[r];
-    if (late[r] > best) {
-      second = best;
-      best = late[r];
-      who = int(r);
-    } else if (late[r] > second) {
-      second = late[r];
-    }
-  }
-  std::vector<std::int64_t> b = busy;
-  std::sort(b.begin(), b.end());
-  const std::int64_t median = b.empty() ? 0 : b[b.size() / 2];
-  const bool stands_out = best >= 1'000'000 && 2 * best > total && best >= 3 * second && 5 * best >= median;
-  return who >= 0 && stands_out ? who : -1;
-}
 
 /// This rank's wait table on comm: per peer, the time waited on it and the part its late entry
 /// explains (core/flight_record.hpp), with the calls counted and the time spent in them.
@@ -636,42 +476,12 @@ std::string json(const Comm& comm) {
   return comm.recorder().json();
 }
 
-/// Writes every communicator of job rank `job_rank` in this process to
-/// `dir`/collx-rank<R>.json (dir: COLLX_DUMP_DIR, else the current directory); returns the path.
-inline std::string dump(int job_rank, std::string dir = {}) {
-  if (dir.empty()) dir = detail::dump_dir();
-  if (dir.empty()) dir = ".";
-  return detail::write_dump(dir, job_rank, "asked for (collx::flight::dump)");
-}
-
-/// From now on, SIGUSR2 (or `sig`) dumps every job rank of this process into COLLX_DUMP_DIR
-/// (else the current directory): a handler writes one byte to a pipe, and a thread started here
-/// does the dumping (a handler may not allocate or lock). Idempotent.
-inline void dump_on_signal(int sig = SIGUSR2) {
-  auto& r = detail::flight_recorders();
-  if (r.signal_thread.exchange(true)) return;
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) {
-    r.signal_thread = false;
-    throw error(errc::transport_error, "collx flight recorder: pipe2 failed for the dump signal");
-  }
-  r.pipe_w = fds[1];
-  std::thread([rd = fds[0]] {
-    char c;
-    while (::read(rd, &c, 1) == 1) detail::dump_all_noexcept("signal");
-  }).detach();
-  struct sigaction sa {};
-  sa.sa_handler = [](int) {
-    const int saved = errno;
-    const char c = 1;
-    [[maybe_unused]] auto n = ::write(detail::flight_recorders().pipe_w, &c, 1);
-    errno = saved;
-  };
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;
-  ::sigaction(sig, &sa, nullptr);
-}
-
 }  // namespace flight
 
 }  // namespace collx
+
+// Defined apart, by responsibility: the record as JSON, its dump files and the dump signal,
+// and the analysis of the wait tables.
+#include "flight/json.hpp"
+#include "flight/dumps.hpp"
+#include "flight/analysis.hpp"

@@ -434,10 +434,17 @@ class peer_group {
     const auto deadline = std::chrono::steady_clock::now() + call.timeout;
     // Ours first: the descriptors of what the peers will map now, to every peer (datagrams:
     // this never waits for a peer to read), then theirs.
+    // An opaque handle names an allocation without holding it (a path, as a cudaIpcMemHandle_t
+    // does): its owner, its call done, may free it before a slower peer has opened it. So when
+    // an opaque allocation is mapped fresh in this call (every rank knows which: the rule
+    // above), the ranks meet once more after mapping, before any may return.
+    bool fresh_opaque = false;
     for (const buffer_ref& b : mine) {
       if (b.a.id == 0) continue;
       std::uint64_t evicted = 0;
-      if (!exported_.touch(b.a.id, evicted) || b.a.kind != handle_kind::fd) continue;
+      const bool fresh = exported_.touch(b.a.id, evicted);
+      fresh_opaque = fresh_opaque || (fresh && b.a.kind == handle_kind::opaque && n_ > 1);
+      if (!fresh || b.a.kind != handle_kind::fd) continue;
       const int fd = be_.export_fd(b.a);
       try {
         for (int q = 0; q < n_; ++q)
@@ -454,8 +461,16 @@ class peer_group {
       for (int b = 0; b < 3; ++b) {
         const buffer_ref& x = r.bufs[b];
         if (x.a.id == 0) continue;
-        std::byte* base = q == rank_ ? nullptr : mapped(call, q, x.a, deadline);
+        std::byte* base = q == rank_ ? nullptr : mapped(call, q, x.a, deadline, fresh_opaque);
         table[std::size_t(q) * 3 + std::size_t(b)] = q == rank_ ? 0 : reinterpret_cast<std::uint64_t>(base) + x.offset;
+      }
+    }
+    if (fresh_opaque) {
+      try {
+        barrier(boot_);
+      } catch (const error& e) {
+        call.fail(e.code() == make_error_code(errc::timeout) ? errc::timeout : errc::peer_lost,
+                  std::string("could not agree that every peer has mapped the buffers (the bootstrap's barrier failed): ") + e.what());
       }
     }
   }
@@ -498,10 +513,13 @@ class peer_group {
 
   /// q's allocation `a` as this process maps it: mapped now if not yet (the descriptor comes
   /// over the socket for kind fd), the least recently used one of q's dropped when past the cap.
-  std::byte* mapped(const call_info& call, int q, const alloc_desc& a, std::chrono::steady_clock::time_point deadline) {
+  /// `fresh_opaque` is set when an opaque allocation is new to this rank (see exchange).
+  std::byte* mapped(const call_info& call, int q, const alloc_desc& a, std::chrono::steady_clock::time_point deadline,
+                    bool& fresh_opaque) {
     peer& p = peers_[std::size_t(q)];
     std::uint64_t evicted = 0;
     const bool fresh = p.kept.touch(a.id, evicted);
+    fresh_opaque = fresh_opaque || (fresh && a.kind == handle_kind::opaque);
     if (evicted != 0) {
       if (auto it = p.maps.find(evicted); it != p.maps.end()) {
         // (a kernel still queued from an earlier call may read it: every rank has queued its

@@ -774,19 +774,23 @@ class ProcessGroupCollx final : public c10d::ProcessGroup {
   static std::string choose_transport(c10d::Store& store, int rank, int size) {
     std::string forced;
     if (const char* e = std::getenv("COLLX_TORCH_TRANSPORT")) forced = e;
-    TORCH_CHECK(forced.empty() || forced == "auto" || forced == "shm" || forced == "tcp",
-                "collx: COLLX_TORCH_TRANSPORT is \"", forced, "\": use shm, tcp or auto");
+    // The transports between processes (core/transports.hpp) may be asked for by name.
+    const collx::transport_entry* t = forced.empty() || forced == "auto" ? nullptr : collx::find_transport(forced);
+    TORCH_CHECK(forced.empty() || forced == "auto" ||
+                    (t != nullptr && (t->ranks == collx::rank_kind::processes || t->ranks == collx::rank_kind::hosts)),
+                "collx: COLLX_TORCH_TRANSPORT is \"", forced, "\": use ",
+                collx::transport_flags(collx::rank_kind::processes, collx::rank_kind::hosts), " or auto");
     // Every rank publishes its host and reads the others' (so each decides alike).
     store_set(store, "collx/host/" + std::to_string(rank), host_id());
     bool one_host = true;
     const std::string mine = host_id();
     for (int q = 0; q < size; ++q)
       if (store_get(store, "collx/host/" + std::to_string(q)) != mine) one_host = false;
-    if (forced == "shm") {
-      TORCH_CHECK(one_host, "collx: COLLX_TORCH_TRANSPORT=shm, but the ranks are on more than one host");
-      return "shm";
+    if (t != nullptr) {
+      TORCH_CHECK(one_host || t->ranks != collx::rank_kind::processes, "collx: COLLX_TORCH_TRANSPORT=", forced,
+                  ", but the ranks are on more than one host");
+      return std::string(t->name);
     }
-    if (forced == "tcp") return "tcp";
     return one_host ? "shm" : "tcp";
   }
 
