@@ -344,7 +344,7 @@ class inproc {
   void sleep_any(std::span<const int>, token t, std::chrono::nanoseconds d) {
     engine::futex_sleep(g_->doorbell(rank_), t, false, d, [] { return false; });
   }
-  engine::waiting spinning() const noexcept { return {spin_, {}, detail::kYieldIterations}; }
+  engine::waiting spinning() const noexcept { return {spin_, std::chrono::nanoseconds(0), detail::kYieldIterations}; }
   engine::fate fate_of(int p) const noexcept {
     const rank_state st = g_->state(p);
     return st == rank_state::live ? engine::fate::live : st == rank_state::left ? engine::fate::left : engine::fate::failed;

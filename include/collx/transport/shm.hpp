@@ -289,7 +289,7 @@ class shm {
   void sleep_any(std::span<const int>, token t, std::chrono::nanoseconds d) {
     engine::futex_sleep(me().doorbell, t, true, d, [] { return false; });
   }
-  engine::waiting spinning() const noexcept { return {spin_, {}, detail::kYieldIterations}; }
+  engine::waiting spinning() const noexcept { return {spin_, std::chrono::nanoseconds(0), detail::kYieldIterations}; }
   engine::fate fate_of(int p);
   std::string why(int p) const;
   int failed_rank() const noexcept;

@@ -779,7 +779,7 @@ class ProcessGroupCollx final : public c10d::ProcessGroup {
     TORCH_CHECK(forced.empty() || forced == "auto" ||
                     (t != nullptr && (t->ranks == collx::rank_kind::processes || t->ranks == collx::rank_kind::hosts)),
                 "collx: COLLX_TORCH_TRANSPORT is \"", forced, "\": use ",
-                collx::transport_flags(collx::rank_kind::processes, collx::rank_kind::hosts), " or auto");
+                collx::transport_flags(collx::rank_kind::processes, collx::rank_kind::hosts), ", or auto");
     // Every rank publishes its host and reads the others' (so each decides alike).
     store_set(store, "collx/host/" + std::to_string(rank), host_id());
     bool one_host = true;
