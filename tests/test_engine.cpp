@@ -39,7 +39,9 @@ struct pipe_job {  // what the ranks share: the pipes, and who failed or left
   std::mutex mu;
   std::vector<std::string> why;
   std::atomic<int> first_failed{-1};
-  explicit pipe_job(int n_) : n(n_), rd(std::size_t(n * n), -1), wr(rd), state(std::size_t(n)), why(std::size_t(n)) {
+  std::vector<collx::detail::position> board;  // where each rank is: a deadline's report says
+  explicit pipe_job(int n_)
+      : n(n_), rd(std::size_t(n * n), -1), wr(rd), state(std::size_t(n)), why(std::size_t(n)), board(std::size_t(n)) {
     for (int i = 0; i < n * n; ++i) {
       int fd[2];
       if (::pipe2(fd, O_NONBLOCK | O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
@@ -67,6 +69,7 @@ class pipes {
   pipes(std::shared_ptr<pipe_job> j, int r) : j_(std::move(j)), r_(r) {}
   int rank() const { return r_; }
   int size() const { return j_->n; }
+  collx::detail::position_board positions() const { return {j_->board.data(), sizeof(collx::detail::position), j_->n}; }
   void abort(const std::string& why) { j_->leave(r_, true, why); }
   void exchange(std::span<const collx::send_desc> s, std::span<const collx::recv_desc> r, const collx::exchange_context& ctx) {
     engine::exchange(*this, st_, s, r, ctx);
@@ -229,4 +232,44 @@ TEST_CASE("a transport defined by a test, on the engine: mismatches, a failing r
     CHECK(e.code() == collx::errc::timeout);
   }
   CHECK_THAT(late, Contains("rank 1"));
+}
+
+namespace {
+/// A channel without `ready` (the engine waits by sweeping) whose one receive completes on the
+/// n-th try, from a peer that has already left: the try that moves it is the one the check of
+/// the peers makes between sleeps.
+struct scripted {
+  struct send_state {};
+  struct recv_state {};
+  using step = engine::step<send_state, recv_state>;
+  struct token {};
+  int tries = 0, done_at = 0;
+  engine::moved try_send(step&, std::size_t) { return engine::moved::nothing; }
+  engine::moved try_recv(step&, std::size_t) { return ++tries >= done_at ? engine::moved::done : engine::moved::nothing; }
+  token arm() const { return {}; }
+  void sleep(const step&, token, std::chrono::nanoseconds d) { std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(d, std::chrono::milliseconds(1))); }
+  engine::waiting spinning() const { return {0, std::chrono::nanoseconds(0), 0}; }
+  engine::fate fate_of(int) const { return engine::fate::left; }
+  std::string why(int) const { return "it has left"; }
+  int failed_rank() const { return -1; }
+  std::string failure(int) const { return {}; }
+};
+}  // namespace
+
+TEST_CASE("the engine: a step whose last operation a check of the peers moves is done at once, not at its deadline", "[engine]") {
+  // Tries: the exchange's first sweep (1), the look before blocking (2), the look after arming
+  // (3), then the check of the peers, which finds the peer gone and looks once more (4): that
+  // one completes the receive. (Before the fix the wait went on, for nothing, to its deadline.)
+  scripted ch;
+  ch.done_at = 4;
+  scripted::step st;
+  collx::call_info call;
+  call.timeout = std::chrono::milliseconds(500);
+  const collx::exchange_context ctx{&call, {}, false};
+  std::byte buf[4]{};
+  const collx::recv_desc r{1, buf, sizeof buf, nullptr, collx::combine::copy};
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_NOTHROW(engine::exchange(ch, st, std::span<const collx::send_desc>{}, std::span<const collx::recv_desc>(&r, 1), ctx));
+  CHECK(ch.tries == 4);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(400));
 }

@@ -181,9 +181,11 @@ int first_pending(C& c, const St& s, const char*& what) {
 }
 
 /// Between sleeps: a peer this step waits for that is gone, or a failure elsewhere in the job,
-/// ends the wait, unless something may move after all (looked at after the peers' fates).
+/// ends the wait, unless something may move after all (looked at after the peers' fates): then
+/// true, and the wait returns (a channel without `ready` has just moved it, perhaps the step's
+/// last operation: waiting on would wait for nothing until the deadline).
 template <class C, class St>
-void check_peers(C& c, St& s, int blocked_on, const char* what) {
+bool check_peers(C& c, St& s, int blocked_on, const char* what) {
   const call_info& call = *s.call;
   int gone = -1;
   for (std::size_t i = 0; i < s.recvs.size() && gone < 0; ++i)
@@ -192,8 +194,8 @@ void check_peers(C& c, St& s, int blocked_on, const char* what) {
     if (!s.so[i].done && c.fate_of(s.sends[i].peer) != fate::live) gone = s.sends[i].peer;
   const int f = c.failed_rank();
   const bool elsewhere = f >= 0 && f != call.rank;
-  if (gone < 0 && !elsewhere) return;
-  if (may_move(c, s)) return;
+  if (gone < 0 && !elsewhere) return false;
+  if (may_move(c, s)) return true;
   if (gone >= 0) call.fail(errc::peer_lost, "lost " + call.peer(gone) + ": " + c.why(gone));
   call.fail(errc::peer_lost, "the job was aborted while waiting for " + call.peer(blocked_on) + " (" + what + "): " +
                                  call.peer(f) + " failed: " + c.failure(f));
@@ -235,7 +237,7 @@ void block(C& c, St& s) {
     if constexpr (requires { c.stalled(s); }) {
       if (c.stalled(s)) return;
     }
-    check_peers(c, s, p, what);
+    if (check_peers(c, s, p, what)) return;
     const auto now = clock::now();
     if (now >= deadline) {
       if (may_move(c, s)) return;
