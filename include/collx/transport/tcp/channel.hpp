@@ -52,11 +52,7 @@ inline engine::moved streams::try_recv(step& s, std::size_t i) {
       h = p.aside.front();
       p.aside.pop_front();
     } else {
-      while (read_header(p, d.peer, call, moved) && p.h.kind == tcp_wire::msg_kind::cts) {  // for a send of ours
-        ++p.cts_got;
-        p.have = false;
-      }
-      if (!p.have) return engine::some_if(moved);
+      if (!next_for_receive(p, d.peer, call, moved)) return engine::some_if(moved);
       h = p.h;
       p.have = false;
     }
@@ -70,11 +66,7 @@ inline engine::moved streams::try_recv(step& s, std::size_t i) {
     moved = true;
   }
   if (st.phase == recv_phase::header) {
-    while (read_header(p, d.peer, call, moved) && p.h.kind == tcp_wire::msg_kind::cts) {  // for a send of ours to this peer
-      ++p.cts_got;
-      p.have = false;
-    }
-    if (!p.have) return engine::some_if(moved);
+    if (!next_for_receive(p, d.peer, call, moved)) return engine::some_if(moved);
     const tcp_wire::parsed_header& h = p.h;
     call.check_match(d.peer, h.sig, std::size_t(h.bytes), d.bytes);  // a peer in another call: mismatch
     call.heard(d.peer, h.sig);

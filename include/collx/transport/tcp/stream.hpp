@@ -246,6 +246,15 @@ class streams {
   bool write_frame(peer& p, int q, const tcp_wire::msg_header& h, const send_desc* d, std::size_t& off, const call_info& call);
   /// The clear-to-send frames this rank owes peer q, written whenever its stream is between frames.
   bool flush_cts(peer& p, int q, const call_info& call);
+  /// Reads headers from peer q, taking the clear-to-sends among them (for sends of ours), until
+  /// one for a receive is held; false when none is yet.
+  bool next_for_receive(peer& p, int q, const call_info& call, bool& moved) {
+    while (read_header(p, q, call, moved) && p.h.kind == tcp_wire::msg_kind::cts) {
+      ++p.cts_got;
+      p.have = false;
+    }
+    return p.have;
+  }
   /// Takes the held header when it is a cts (for the first send to q that waits for one) or,
   /// while the peer's own request waits behind, an rts (set aside). False when what is held
   /// is for a receive (or nothing is held).
