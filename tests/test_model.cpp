@@ -543,6 +543,31 @@ TEST_CASE("the schedule cache is bounded by bytes, and a cycle of 50 shapes hits
   }
 }
 
+TEST_CASE("the schedule cache keeps the two schedules it handed out last, whatever the budget", "[model][cache]") {
+  // A segmented all_reduce holds its full segment's schedule while it gets the last segment's;
+  // with a budget smaller than any schedule, that get evicts everything else but must leave the
+  // held one (schedules are handed out as plain pointers: ASan sees a use after free otherwise).
+  const std::size_t count = collx::algo::tuning::all_reduce_segment_bytes / sizeof(float) * 17 + 3;
+  REQUIRE(collx::algo::tuning::all_reduce_segment(count, sizeof(float)) < count);
+  std::vector<std::size_t> entries(3), wrong(3);
+  collx::launch_threads(3, [&](auto& comm) {
+    comm.schedules().set_budget(1);
+    std::vector<float> v(count);
+    for (int round = 0; round < 2; ++round) {
+      for (std::size_t i = 0; i < count; ++i) v[i] = float(comm.rank() + 1 + int(i % 7));
+      collx::all_reduce(comm, std::span{v}, collx::ops::sum{}, collx::algo::ring{});
+      for (std::size_t i = 0; i < count; ++i)
+        if (v[i] != float(6 + 3 * int(i % 7))) ++wrong[std::size_t(comm.rank())];
+    }
+    entries[std::size_t(comm.rank())] = comm.schedules().entries();
+  });
+  for (int r = 0; r < 3; ++r) {
+    CAPTURE(r);
+    CHECK(wrong[std::size_t(r)] == 0);
+    CHECK(entries[std::size_t(r)] == 2);  // the full segment's and the last one's
+  }
+}
+
 TEST_CASE("measured step times and policy fits: written, read back, and what the model charges", "[model][calibration]") {
   const auto dir = std::filesystem::temp_directory_path() / ("collx-fit-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);

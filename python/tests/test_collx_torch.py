@@ -143,11 +143,33 @@ def job_reductions(rank, n):
     dist.all_reduce_coalesced(ts, dist.ReduceOp.SUM)
     for t, c in zip(ts, (3, 0, 17, 1)):
         expect_equal(t, reference(n, c, torch.float32, "SUM"), "all_reduce_coalesced")
-    # PREMUL_SUM: every input multiplied by the factor, then summed
-    op = dist._make_nccl_premul_sum(2.5)
-    t = data(rank, 9, torch.float64)
-    dist.all_reduce(t, op)
-    expect_equal(t, reference(n, 9, torch.float64, "SUM") * 2.5, "all_reduce PREMUL_SUM")
+    # PREMUL_SUM (collx::ops::premul_sum): every rank's input multiplied by its own factor (a
+    # float or a one-element tensor), then summed; factors k/2 keep every product and sum exact
+    def premul(c, dtype, f):
+        return sum(data(r, c, dtype).to(torch.float64) * f(r) for r in range(n)).to(dtype)
+    same = lambda r: 2.5
+    mine = lambda r: 0.5 * (r + 1)
+    for dtype in (torch.float64, torch.float32, torch.bfloat16):
+        for c in counts(n):
+            for f, as_tensor in ((same, False), (mine, False), (mine, True)):
+                factor = [torch.tensor([f(rank)], dtype=dtype)] if as_tensor else f(rank)  # (torch 1.13: a list)
+                op = dist._make_nccl_premul_sum(factor)
+                what = f"PREMUL_SUM {dtype} x{c} ({'tensor' if as_tensor else 'scalar'} factor)"
+                t = data(rank, c, dtype)
+                dist.all_reduce(t, op)
+                expect_equal(t, premul(c, dtype, f), "all_reduce " + what)
+                t = data(rank, c, dtype)
+                root = c % n
+                dist.reduce(t, root, op)
+                expect_equal(t, premul(c, dtype, f) if rank == root else data(rank, c, dtype), "reduce " + what)
+                out = torch.empty(c, dtype=dtype)
+                dist.reduce_scatter_tensor(out, torch.cat([data(rank, c, dtype) + q for q in range(n)]), op)
+                want = sum((data(r, c, dtype).to(torch.float64) + rank) * f(r) for r in range(n)).to(dtype)
+                expect_equal(out, want, "reduce_scatter_tensor " + what)
+    ts = [data(rank, c, torch.float32) for c in (3, 0, 17, 1)]
+    dist.all_reduce_coalesced(ts, dist._make_nccl_premul_sum(mine(rank)))
+    for t, c in zip(ts, (3, 0, 17, 1)):
+        expect_equal(t, premul(c, torch.float32, mine), "all_reduce_coalesced PREMUL_SUM")
     # a non-contiguous tensor (every other column of a matrix) is reduced where it is
     m = torch.stack([data(rank, 6, torch.float32) for _ in range(4)])
     view = m[:, ::2]

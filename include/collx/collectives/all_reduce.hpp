@@ -12,7 +12,8 @@ namespace collx {
 namespace detail {
 /// Over two pointers (flat_buffers) or a fused batch's pieces (spread_buffers: features/fuse.hpp).
 template <class T, class E, class Op, class Algo, class Bufs>
-void all_reduce_impl(communicator<T>& comm, call_info& call, const Bufs& b, std::size_t count, Op op, Algo a) {
+void all_reduce_impl(communicator<T>& comm, call_info& call, const Bufs& given, std::size_t count, Op op, Algo a) {
+  const Bufs b = prescaled<E>(comm, op, given, count);  // (premul_sum: this rank's input scaled)
   const buf src = b.in_place() ? buf::out : buf::in;
   with_policy<Op, algo::collective::all_reduce, E>(a, comm, count, call, [&](const auto& pol) {
     using P = std::decay_t<decltype(pol)>;

@@ -196,12 +196,19 @@ algo::choice automatic_choice(communicator<T>& comm, algo::collective c, std::si
   if (f != algo_override::kModel && st.forced_all >= 0 && model::supports(algo::choice(st.forced_all), c, commutative))
     return algo::choice(st.forced_all);
   const std::array<std::uint64_t, 4> key{std::uint64_t(c) | std::uint64_t(commutative) << 8, count, elem, std::uint64_t(n)};
-  if (auto it = st.decisions.find(key); it != st.decisions.end()) return algo::choice(it->second);
+  if (st.last_choice >= 0 && st.last_shape == key) return algo::choice(st.last_choice);
+  if (auto it = st.decisions.find(key); it != st.decisions.end()) {
+    st.last_shape = key;
+    st.last_choice = it->second;
+    return algo::choice(it->second);
+  }
   const model::params p{st.n.alpha, st.n.beta, st.n.gamma, {}, st.n.cores, st.n.ranks, st.n.delta, st.n.curve, st.n.fit};
   const model::problem pr{c, n, count, elem, 0, commutative};
   const algo::choice best = model::best(pr, p);
   if (st.decisions.size() >= st.kMaxDecisions) st.decisions.clear();
   st.decisions.emplace(key, std::int8_t(best));
+  st.last_shape = key;
+  st.last_choice = std::int8_t(best);
   if (comm.debug().on(debug_level::info)) debug_choice(comm.debug(), pr, p, best, st.source, comm.identity());
   return best;
 }

@@ -282,9 +282,10 @@ inline char schedule_kind = 0;
 
 /// The cached schedule of `pol` for problem `p`, built by `build` when not cached. The key is
 /// every field of the policy and of the problem (comm/schedule_cache.hpp: add_fields), and
-/// `Variant` tells apart two schedules one policy builds for one problem type.
+/// `Variant` tells apart two schedules one policy builds for one problem type. The pointer is
+/// good until two more schedules have been got from comm (comm/schedule_cache.hpp).
 template <int Variant = 0, class Policy, class Problem, class T, class Build>
-std::shared_ptr<const schedule> cached(communicator<T>& comm, const Policy& pol, const Problem& p, Build&& build) {
+const schedule* cached(communicator<T>& comm, const Policy& pol, const Problem& p, Build&& build) {
   typename communicator<T>::schedule_key k;
   k.kind = &schedule_kind<Policy, Problem, Variant>;
   add_fields(k, pol);
@@ -300,6 +301,33 @@ std::shared_ptr<const schedule> cached(communicator<T>& comm, const Policy& pol,
 template <class E, class Op, class T, class Bufs>
 void finalize_all(communicator<T>& comm, const Bufs& b, std::size_t count) {
   finalize_at<E, Op>(comm, b.locate(buf::out, 0), count);
+}
+
+/// An op that scales each rank's contribution first (ops::premul_sum: has_prescale_v): `count`
+/// elements of `in` scaled into `out` (which may be `in`), on the host.
+template <class E, class Op, class T>
+void prescale(communicator<T>&, const Op& op, const E* in, E* out, std::size_t count) {
+  static_assert(host_memory_v<T>, "collx: ops::premul_sum scales each rank's input on the host: a transport of another "
+                                  "memory space takes a plain sum over inputs it has scaled itself");
+  for (std::size_t i = 0; i < count; ++i) out[i] = op.prescale(in[i]);
+}
+
+/// The buffers an all_reduce runs over once this rank's contribution is scaled: out of place,
+/// `in` scaled into `out`, then in place on `out`; in place (a fused batch's pieces too), where
+/// they are. The buffers themselves for any other op.
+template <class E, class Op, class T, class Bufs>
+Bufs prescaled(communicator<T>& comm, const Op& op, const Bufs& b, std::size_t count) {
+  if constexpr (!has_prescale_v<Op, E>) {
+    return b;
+  } else if constexpr (std::is_same_v<Bufs, flat_buffers<E>>) {
+    prescale<E>(comm, op, b.in, b.out, count);
+    return {b.out, b.out};
+  } else {
+    copy_runs(b.locate(buf::out, 0), b.locate(buf::out, 0), count * sizeof(E), [&](std::byte* d, const std::byte*, std::size_t n) {
+      prescale<E>(comm, op, reinterpret_cast<const E*>(d), reinterpret_cast<E*>(d), n / sizeof(E));
+    });
+    return b;
+  }
 }
 
 /// Builds the call_info every collective starts with; the sequence number advances here.

@@ -29,7 +29,13 @@ void reduce(communicator<T>& comm, std::span<const std::type_identity_t<E>> in, 
           if (p.rank == p.root) x.finalize({buf::out, 0, p.count});
           return x;
         });
-    detail::execute(comm, call, *s, in.data(), out.data(), op);
+    if constexpr (has_prescale_v<Op, E>) {  // premul_sum: this rank's input scaled, in a copy
+      std::vector<E> scaled(in.size());
+      detail::prescale<E>(comm, op, in.data(), scaled.data(), in.size());
+      detail::execute(comm, call, *s, static_cast<const E*>(scaled.data()), out.data(), op);
+    } else {
+      detail::execute(comm, call, *s, in.data(), out.data(), op);
+    }
   });
 }
 

@@ -44,8 +44,14 @@ void reduce_scatter(communicator<T>& comm, std::span<const std::type_identity_t<
   detail::with_policy<Op, algo::collective::reduce_scatter, E>(a, comm, k, call, [&](const auto& pol) {
     if (in_place) {  // the whole buffer is the work space, as in all_reduce's reduce-scatter
       E* full = out.data() - std::size_t(comm.rank()) * k;
+      if constexpr (has_prescale_v<Op, E>) detail::prescale<E>(comm, op, full, full, in.size());  // (premul_sum)
       detail::reduce_scatter_blocks(comm, call, static_cast<const E*>(full), full, partition(in.size(), comm.size()), buf::out,
                                     buf::out, op, pol);
+    } else if constexpr (has_prescale_v<Op, E>) {  // premul_sum: this rank's input scaled, in a copy
+      std::vector<E> scaled(in.size());
+      detail::prescale<E>(comm, op, in.data(), scaled.data(), in.size());
+      detail::reduce_scatter_blocks(comm, call, static_cast<const E*>(scaled.data()), out.data(), partition(in.size(), comm.size()),
+                                    buf::in, buf::none, op, pol);
     } else {
       detail::reduce_scatter_blocks(comm, call, in.data(), out.data(), partition(in.size(), comm.size()), buf::in, buf::none,
                                     op, pol);

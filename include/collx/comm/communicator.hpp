@@ -135,9 +135,9 @@ class communicator {
   using schedule_key = detail::schedule_key;
 
   /// The schedule of key k, from this communicator's cache (comm/schedule_cache.hpp), built by
-  /// build() when not there. The caller holds it for as long as it runs it.
+  /// build() when not there: good until two more have been got (comm/schedule_cache.hpp).
   template <class Build>
-  std::shared_ptr<const schedule> cached_schedule(const schedule_key& k, Build&& build) {
+  const schedule* cached_schedule(const schedule_key& k, Build&& build) {
     return s_->cache.get(k, std::forward<Build>(build));
   }
   detail::schedule_cache& schedules() noexcept { return s_->cache; }
@@ -174,6 +174,9 @@ class communicator {
     };
     static constexpr std::size_t kMaxDecisions = std::size_t(1) << 16;
     std::unordered_map<std::array<std::uint64_t, 4>, std::int8_t, shape_hash> decisions;
+    /// The last decision, looked at before the map: a loop of one shape hashes nothing.
+    std::array<std::uint64_t, 4> last_shape{};
+    std::int8_t last_choice = -1;
   };
   automatic_state& automatic() noexcept { return s_->auto_; }
 

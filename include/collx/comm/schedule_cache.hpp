@@ -7,8 +7,10 @@
 // and at a thousand ranks a ring's is ~2000 steps. A training step calls many shapes in a cycle
 // (DDP's buckets, a model's layers), so the cache is least-recently-used over a byte budget
 // (COLLX_SCHEDULE_CACHE_BYTES, default 64 MiB), not a handful of slots that a cycle of nine
-// shapes would miss on every call. Entries are shared: a schedule handed out stays alive for as
-// long as its caller runs it, whatever the cache evicts meanwhile.
+// shapes would miss on every call. A schedule is handed out as a plain pointer (no reference count
+// to touch on a hit: a small call is a few hundred nanoseconds): the cache never evicts the two
+// schedules it handed out last, so a caller may hold the last two it got (a segmented all_reduce
+// holds its full segment's while it gets the last one's) whatever the gets between evict.
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -29,9 +31,24 @@ namespace collx::detail {
 struct schedule_key {
   static constexpr std::size_t kValues = 16;
   const void* kind = nullptr;
-  std::array<std::uint64_t, kValues> v{};
+  std::array<std::uint64_t, kValues> v;  // (the first n are set: a key is made every call)
   std::uint32_t n = 0;
-  friend bool operator==(const schedule_key&, const schedule_key&) = default;
+  /// Only the values added count (the rest are zero anyway): a hit compares a few words, not 16.
+  friend bool operator==(const schedule_key& a, const schedule_key& b) noexcept {
+    if (a.kind != b.kind || a.n != b.n) return false;
+    for (std::uint32_t i = 0; i < a.n; ++i)
+      if (a.v[i] != b.v[i]) return false;
+    return true;
+  }
+  /// This key with the values past n zeroed: the copy the cache keeps (a key is built on the
+  /// stack every call, and only its first n values are ever set).
+  schedule_key kept() const noexcept {
+    schedule_key c;
+    c.kind = kind;
+    c.n = n;
+    for (std::uint32_t i = 0; i < kValues; ++i) c.v[i] = i < n ? v[i] : 0;
+    return c;
+  }
   void add(std::uint64_t x) {
     if (n == kValues) throw std::logic_error("collx: a schedule key holds at most 16 values");
     v[n++] = x;
@@ -107,32 +124,28 @@ class schedule_cache {
 
   explicit schedule_cache(std::size_t budget = default_budget()) : budget_(budget) {}
 
-  /// The schedule of `k`, built by `build()` when not cached. A schedule larger than the whole
-  /// budget is built and returned, not kept.
+  /// The schedule of `k`, built by `build()` when not cached. Good until two more gets have
+  /// come after this one (the two most recent are never evicted; so a schedule larger than the
+  /// whole budget stays until two others have come after it).
   template <class Build>
-  std::shared_ptr<const schedule> get(const schedule_key& k, Build&& build) {
+  const schedule* get(const schedule_key& k, Build&& build) {
     if (!lru_.empty() && lru_.front().key == k) {  // the same shape again: the common case
       ++hits_;
-      return lru_.front().s;
+      return lru_.front().s.get();
     }
     if (auto it = index_.find(k); it != index_.end()) {
       lru_.splice(lru_.begin(), lru_, it->second);
       ++hits_;
-      return lru_.front().s;
+      return lru_.front().s.get();
     }
     ++misses_;
-    auto s = std::make_shared<const schedule>(build());
+    auto s = std::make_unique<const schedule>(build());
     const std::size_t b = s->memory_bytes();
-    if (b > budget_) return s;
-    lru_.push_front({k, s, b});
-    index_.emplace(k, lru_.begin());
+    lru_.push_front({k.kept(), std::move(s), b});
+    index_.emplace(lru_.front().key, lru_.begin());
     bytes_ += b;
-    while (bytes_ > budget_) {
-      bytes_ -= lru_.back().bytes;
-      index_.erase(lru_.back().key);
-      lru_.pop_back();
-    }
-    return s;
+    evict(2);
+    return lru_.front().s.get();
   }
 
   std::size_t bytes() const noexcept { return bytes_; }
@@ -140,21 +153,26 @@ class schedule_cache {
   std::size_t budget() const noexcept { return budget_; }
   std::uint64_t hits() const noexcept { return hits_; }
   std::uint64_t misses() const noexcept { return misses_; }
+  /// A new budget, kept at once (between calls: no schedule handed out is held then).
   void set_budget(std::size_t b) {
     budget_ = b;
-    while (bytes_ > budget_ && !lru_.empty()) {
-      bytes_ -= lru_.back().bytes;
-      index_.erase(lru_.back().key);
-      lru_.pop_back();
-    }
+    evict(0);
   }
 
  private:
   struct entry {
     schedule_key key;
-    std::shared_ptr<const schedule> s;
+    std::unique_ptr<const schedule> s;
     std::size_t bytes;
   };
+  /// Evicts the least recently used entries until the budget holds, keeping the `keep` most recent.
+  void evict(std::size_t keep) {
+    while (bytes_ > budget_ && lru_.size() > keep) {
+      bytes_ -= lru_.back().bytes;
+      index_.erase(lru_.back().key);
+      lru_.pop_back();
+    }
+  }
   std::size_t budget_;
   std::size_t bytes_ = 0;
   std::uint64_t hits_ = 0, misses_ = 0;

@@ -66,6 +66,25 @@ struct avg : sum {
   }
 };
 
+/// PREMUL_SUM (torch's ReduceOp.PREMUL_SUM, NCCL's ncclRedOpCreatePreMulSum): the sum of every
+/// rank's input times that rank's own factor, f_0·x_0 + f_1·x_1 + ... (DDP scales its gradients
+/// so). Each rank scales its own contribution once as the call starts (`prescale`: the reducing
+/// collectives apply it, host memory only), then the call sums. Floating element types only:
+/// float and double scale in their own type, half and bfloat16 in float, rounded once.
+struct premul_sum : sum {
+  static constexpr const char* name = "premul_sum";
+  double factor = 1.0;
+  constexpr premul_sum() = default;
+  constexpr explicit premul_sum(double f) : factor(f) {}
+  template <class T>
+  constexpr T prescale(const T& x) const {
+    static_assert(std::is_floating_point_v<T> || is_reduced_float_v<T>,
+                  "collx: ops::premul_sum scales floating-point elements only (float, double, half, bfloat16)");
+    if constexpr (is_reduced_float_v<T>) return T(float(x) * float(factor));
+    else return T(x * T(factor));
+  }
+};
+
 struct band {
   using reduction_op_concept = reduction_op_tag;
   static constexpr const char* name = "band";
@@ -131,4 +150,7 @@ namespace collx {
 /// True when Op divides at the end (avg).
 template <class Op, class E>
 inline constexpr bool has_finalize_v = requires(const E& x) { Op::finalize(x, 1); };
+/// An op that scales each rank's own contribution before the reduction (ops::premul_sum).
+template <class Op, class E>
+inline constexpr bool has_prescale_v = requires(const Op& op, const E& x) { op.prescale(x); };
 }  // namespace collx

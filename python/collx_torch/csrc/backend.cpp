@@ -27,7 +27,7 @@
 namespace collx_torch {
 
 const char* red_name(red r) noexcept {
-  static const char* const names[] = {"SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "AVG"};
+  static const char* const names[] = {"SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "AVG", "PREMUL_SUM"};
   return names[int(r)];
 }
 
@@ -235,11 +235,7 @@ at::Tensor flat_of(const std::vector<at::Tensor>& ts, const at::Tensor& like) {
   return at::cat(f);
 }
 
-struct reduce_op {
-  red r = red::sum;
-  std::optional<double> factor;            // PREMUL_SUM with a scalar
-  std::optional<at::Tensor> factor_tensor;  // PREMUL_SUM with a tensor
-};
+using reduce_op = op_spec;
 
 reduce_op to_op(const c10d::ReduceOp& op, at::ScalarType t, const char* what) {
   reduce_op o;
@@ -258,12 +254,17 @@ reduce_op to_op(const c10d::ReduceOp& op, at::ScalarType t, const char* what) {
     case c10d::ReduceOp::BOR: o.r = red::bor; break;
     case c10d::ReduceOp::BXOR: o.r = red::bxor; break;
     case c10d::ReduceOp::PREMUL_SUM: {
-      TORCH_CHECK(!is_bool, "collx: ", what, ": PREMUL_SUM of a bool tensor is not defined");
-      o.r = red::sum;
+      TORCH_CHECK(is_float, "collx: ", what, ": PREMUL_SUM scales floating-point tensors only, not ", c10::toString(t));
+      o.r = red::premul_sum;
       const auto* s = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
       TORCH_CHECK(s != nullptr, "collx: ", what, ": PREMUL_SUM without its factor");
-      if (!s->tensor_factors.empty()) o.factor_tensor = s->tensor_factors[0];
-      else o.factor = s->double_factor;
+      if (!s->tensor_factors.empty()) {
+        TORCH_CHECK(s->tensor_factors[0].numel() == 1, "collx: ", what, ": PREMUL_SUM's factor tensor has ",
+                    s->tensor_factors[0].numel(), " elements, not one");
+        o.factor = s->tensor_factors[0].item<double>();
+      } else {
+        o.factor = s->double_factor;
+      }
       break;
     }
     default: TORCH_CHECK(false, "collx: ", what, ": reduce op ", int(op.op_), " is not supported");
@@ -287,11 +288,6 @@ void with_element(at::ScalarType t, F&& f) {
     case at::kByte: case at::kBool: return f(std::uint8_t{});
     default: TORCH_CHECK(false, "collx: dtype ", c10::toString(t), " is not supported");
   }
-}
-
-void before_reduce(at::Tensor& t, const reduce_op& o) {
-  if (o.factor) t.mul_(*o.factor);
-  if (o.factor_tensor) t.mul_(*o.factor_tensor);
 }
 
 }  // namespace
@@ -404,10 +400,9 @@ class ProcessGroupCollx final : public c10d::ProcessGroup {
     const reduce_op o = to_op(opts.reduceOp, t.scalar_type(), "allreduce");
     return enqueue(c10d::OpType::ALLREDUCE, tensors, [t, o](comm_t& c) {
       at::Tensor b = t.contiguous();
-      before_reduce(b, o);
       with_element(b.scalar_type(), [&](auto e) {
         using E = decltype(e);
-        reducer<E>::all_reduce(c, static_cast<E*>(b.data_ptr()), std::size_t(b.numel()), o.r);
+        reducer<E>::all_reduce(c, static_cast<E*>(b.data_ptr()), std::size_t(b.numel()), o);
       });
       if (!b.is_same(t)) t.copy_(b);
     });
@@ -427,13 +422,12 @@ class ProcessGroupCollx final : public c10d::ProcessGroup {
       std::vector<at::Tensor> bs;
       for (const auto& t : ts) {
         bs.push_back(t.contiguous());
-        before_reduce(bs.back(), o);
       }
       with_element(ts[0].scalar_type(), [&](auto e) {
         using E = decltype(e);
         std::vector<std::pair<E*, std::size_t>> bufs;
         for (auto& b : bs) bufs.emplace_back(static_cast<E*>(b.data_ptr()), std::size_t(b.numel()));
-        reducer<E>::all_reduce_many(c, bufs, o.r);
+        reducer<E>::all_reduce_many(c, bufs, o);
       });
       for (std::size_t i = 0; i < ts.size(); ++i) {
         if (!bs[i].is_same(ts[i])) ts[i].copy_(bs[i]);
@@ -448,15 +442,11 @@ class ProcessGroupCollx final : public c10d::ProcessGroup {
     const int root = int(opts.rootRank), me = getRank();
     return enqueue(c10d::OpType::REDUCE, tensors, [t, o, root, me](comm_t& c) {
       at::Tensor in = t.contiguous();
-      if (o.factor || o.factor_tensor) {
-        in = in.clone();
-        before_reduce(in, o);
-      }
       at::Tensor out = me == root ? at::empty_like(in) : at::Tensor();
       with_element(in.scalar_type(), [&](auto e) {
         using E = decltype(e);
         reducer<E>::reduce(c, static_cast<const E*>(in.data_ptr()), me == root ? static_cast<E*>(out.data_ptr()) : nullptr,
-                           std::size_t(in.numel()), o.r, root);
+                           std::size_t(in.numel()), o, root);
       });
       if (me == root) {
         t.copy_(out);
@@ -597,7 +587,7 @@ class ProcessGroupCollx final : public c10d::ProcessGroup {
     const reduce_op o = to_op(opts.reduceOp, output.scalar_type(), "_reduce_scatter_base");
     at::Tensor in = input, out = output;
     return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, [in, out, o](comm_t& c) {
-      at::Tensor src = (o.factor || o.factor_tensor) ? in.contiguous().clone() : in.contiguous();
+      at::Tensor src = in.contiguous();
       run_reduce_scatter(c, src, out, o);
     });
   }
@@ -745,11 +735,10 @@ class ProcessGroupCollx final : public c10d::ProcessGroup {
   }
 
   static void run_reduce_scatter(comm_t& c, at::Tensor& src, const at::Tensor& out, const reduce_op& o) {
-    before_reduce(src, o);
     at::Tensor dst = out.contiguous();
     with_element(src.scalar_type(), [&](auto e) {
       using E = decltype(e);
-      reducer<E>::reduce_scatter(c, static_cast<const E*>(src.data_ptr()), static_cast<E*>(dst.data_ptr()), std::size_t(dst.numel()), o.r);
+      reducer<E>::reduce_scatter(c, static_cast<const E*>(src.data_ptr()), static_cast<E*>(dst.data_ptr()), std::size_t(dst.numel()), o);
     });
     if (!dst.is_same(out)) const_cast<at::Tensor&>(out).copy_(dst);
   }

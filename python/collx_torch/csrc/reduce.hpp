@@ -16,21 +16,27 @@ namespace collx_torch {
 using comm_t = collx::communicator<collx::transport::any>;
 
 /// The reduction ops collx runs for torch: each torch ReduceOp is one collx op (AVG is
-/// collx::ops::avg, which divides inside the call);
-/// PREMUL_SUM is a sum after a multiplication (backend.cpp); bool tensors reduce as bytes
+/// collx::ops::avg, which divides inside the call; PREMUL_SUM is collx::ops::premul_sum, which
+/// scales this rank's input by `factor` inside the call); bool tensors reduce as bytes
 /// (SUM/MAX = bor, PRODUCT/MIN = band).
-enum class red : int { sum, prod, min, max, band, bor, bxor, avg };
+enum class red : int { sum, prod, min, max, band, bor, bxor, avg, premul_sum };
 const char* red_name(red r) noexcept;
+
+/// An op as the backend passes it: which, and PREMUL_SUM's factor (this rank's).
+struct op_spec {
+  red r = red::sum;
+  double factor = 1.0;
+};
 
 template <class E>
 struct reducer {
-  static void all_reduce(comm_t& c, E* buf, std::size_t n, red r);
+  static void all_reduce(comm_t& c, E* buf, std::size_t n, op_spec o);
   /// out is written on root only (it may be null elsewhere).
-  static void reduce(comm_t& c, const E* in, E* out, std::size_t n, red r, int root);
+  static void reduce(comm_t& c, const E* in, E* out, std::size_t n, op_spec o, int root);
   /// in holds size() blocks of n_out elements; out receives this rank's block, reduced.
-  static void reduce_scatter(comm_t& c, const E* in, E* out, std::size_t n_out, red r);
+  static void reduce_scatter(comm_t& c, const E* in, E* out, std::size_t n_out, op_spec o);
   /// Every buffer all-reduced in place as one fused call (collx::fused).
-  static void all_reduce_many(comm_t& c, const std::vector<std::pair<E*, std::size_t>>& bufs, red r);
+  static void all_reduce_many(comm_t& c, const std::vector<std::pair<E*, std::size_t>>& bufs, op_spec o);
 };
 
 extern template struct reducer<float>;

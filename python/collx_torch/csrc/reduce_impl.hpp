@@ -10,7 +10,8 @@ namespace collx_torch {
 /// Calls f with the collx op for r, or throws for an op the element type has not (bitwise ops on
 /// floating point: the backend refuses those before they get here, naming the tensor's dtype).
 template <class E, class F>
-void with_op(red r, F&& f) {
+void with_op(op_spec o, F&& f) {
+  const red r = o.r;
   switch (r) {
     case red::sum: return f(collx::ops::sum{});
     case red::prod: return f(collx::ops::prod{});
@@ -19,7 +20,9 @@ void with_op(red r, F&& f) {
     case red::avg: return f(collx::ops::avg{});
     default: break;
   }
-  if constexpr (std::is_integral_v<E>) {
+  if constexpr (!std::is_integral_v<E>) {
+    if (r == red::premul_sum) return f(collx::ops::premul_sum{o.factor});
+  } else {
     switch (r) {
       case red::band: return f(collx::ops::band{});
       case red::bor: return f(collx::ops::bor{});
@@ -31,27 +34,27 @@ void with_op(red r, F&& f) {
 }
 
 template <class E>
-void reducer<E>::all_reduce(comm_t& c, E* buf, std::size_t n, red r) {
-  with_op<E>(r, [&](auto op) { collx::all_reduce(c, std::span<E>(buf, n), op); });
+void reducer<E>::all_reduce(comm_t& c, E* buf, std::size_t n, op_spec o) {
+  with_op<E>(o, [&](auto op) { collx::all_reduce(c, std::span<E>(buf, n), op); });
 }
 
 template <class E>
-void reducer<E>::reduce(comm_t& c, const E* in, E* out, std::size_t n, red r, int root) {
-  with_op<E>(r, [&](auto op) {
+void reducer<E>::reduce(comm_t& c, const E* in, E* out, std::size_t n, op_spec o, int root) {
+  with_op<E>(o, [&](auto op) {
     collx::reduce(c, std::span<const E>(in, n), std::span<E>(out, out ? n : 0), op, root);
   });
 }
 
 template <class E>
-void reducer<E>::reduce_scatter(comm_t& c, const E* in, E* out, std::size_t n_out, red r) {
-  with_op<E>(r, [&](auto op) {
+void reducer<E>::reduce_scatter(comm_t& c, const E* in, E* out, std::size_t n_out, op_spec o) {
+  with_op<E>(o, [&](auto op) {
     collx::reduce_scatter(c, std::span<const E>(in, n_out * std::size_t(c.size())), std::span<E>(out, n_out), op);
   });
 }
 
 template <class E>
-void reducer<E>::all_reduce_many(comm_t& c, const std::vector<std::pair<E*, std::size_t>>& bufs, red r) {
-  with_op<E>(r, [&](auto op) {
+void reducer<E>::all_reduce_many(comm_t& c, const std::vector<std::pair<E*, std::size_t>>& bufs, op_spec o) {
+  with_op<E>(o, [&](auto op) {
     collx::fused<collx::transport::any> f(c);
     for (const auto& [p, n] : bufs) f.all_reduce(std::span<E>(p, n), op);
     f.run();
