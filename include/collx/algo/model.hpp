@@ -61,6 +61,7 @@
 #include "recursive_halving.hpp"
 #include "ring.hpp"
 #include "tree.hpp"
+#include "schedule_of.hpp"
 #include "../core/partition.hpp"
 #include "../core/schedule.hpp"
 #include "../core/traffic.hpp"
@@ -114,6 +115,8 @@ struct problem {
   bool commutative = true;
 
   static bool split(collective c) noexcept { return algo::traits(c).split; }
+  /// What every rank passes, as algo::schedule_of builds each rank's problem from.
+  algo::call_shape shape() const noexcept { return {n, count, elem, root, commutative}; }
   /// nccl-tests' "size": the buffer, or the N blocks of the split collectives.
   std::size_t bytes() const noexcept { return (split(coll) ? std::size_t(n) : 1) * count * elem; }
   /// The problem whose bytes() is `bytes` (rounded down to whole elements and blocks).
@@ -130,17 +133,7 @@ struct problem {
 template <class A>
 constexpr bool supports(collective c, bool commutative) {
   if (algo::traits(c).reduces && !commutative && !A::keeps_rank_order) return false;
-  switch (c) {
-    case collective::all_reduce:
-      return requires(const A& a, const algo::ar_problem& p) { a.all_reduce(p); } ||
-             requires(const A& a, const algo::rs_problem& p) { a.reduce_scatter(p); };
-    case collective::reduce_scatter: return requires(const A& a, const algo::rs_problem& p) { a.reduce_scatter(p); };
-    case collective::all_gather: return requires(const A& a, const algo::ag_problem& p) { a.all_gather(p); };
-    case collective::broadcast: return requires(const A& a, const algo::bcast_problem& p) { a.broadcast(p); };
-    case collective::reduce: return requires(const A& a, const algo::reduce_problem& p) { a.reduce(p); };
-    case collective::all_to_all: return requires(const A& a, const algo::a2a_problem& p) { a.all_to_all(p); };
-  }
-  return false;
+  return algo::visit_collective(c, []<collective C>() { return algo::schedule_of<C>::template has<A>; });
 }
 
 template <std::size_t I, class F>
@@ -184,10 +177,7 @@ std::vector<schedule> schedules(const A& a, const problem& pr, int* ag_start = n
   if (!supports<A>(pr.coll, pr.commutative)) return v;
   const int n = pr.n;
   if (pr.count == 0) return std::vector<schedule>(std::size_t(n));  // zero elements: nothing runs
-  const std::size_t k = pr.count, e = pr.elem;
-  const auto un = std::size_t(n);
-  std::vector<std::size_t> counts(un, k), offs(un);
-  for (std::size_t i = 0; i < un; ++i) offs[i] = i * k;
+  const std::size_t e = pr.elem;
   // all_reduce as reduce-scatter + all-gather (algo/compose.hpp), each segment's all-gather
   // placed after every rank's reduce-scatter has ended (the collective runs them one after the
   // other). Segments but the last are alike, so the placement is worked out once per length.
@@ -211,36 +201,11 @@ std::vector<schedule> schedules(const A& a, const problem& pr, int* ag_start = n
     }
     return place;
   };
-  for (int r = 0; r < n; ++r) {
-    switch (pr.coll) {
-      case collective::all_reduce:
-        if constexpr (requires(const algo::ar_problem& p) { a.all_reduce(p); })
-          v.push_back(a.all_reduce({r, n, k, e, pr.commutative, buf::in}));
-        else if constexpr (requires(const algo::rs_problem& p) { a.reduce_scatter(p); })
-          v.push_back(algo::composed_all_reduce(a, {r, n, k, e, pr.commutative, buf::in}, global));
-        break;
-      case collective::reduce_scatter:
-        if constexpr (requires(const algo::rs_problem& p) { a.reduce_scatter(p); })
-          v.push_back(a.reduce_scatter({r, n, partition(k * un, n), buf::in, buf::none, e, pr.commutative}));
-        break;
-      case collective::all_gather:
-        if constexpr (requires(const algo::ag_problem& p) { a.all_gather(p); })
-          v.push_back(a.all_gather({r, n, partition(k * un, n), false, 0, e}));
-        break;
-      case collective::broadcast:
-        if constexpr (requires(const algo::bcast_problem& p) { a.broadcast(p); })
-          v.push_back(a.broadcast({r, n, pr.root, k, e}));
-        break;
-      case collective::reduce:
-        if constexpr (requires(const algo::reduce_problem& p) { a.reduce(p); })
-          v.push_back(a.reduce({r, n, pr.root, k, e, pr.commutative}));
-        break;
-      case collective::all_to_all:
-        if constexpr (requires(const algo::a2a_problem& p) { a.all_to_all(p); })
-          v.push_back(a.all_to_all(algo::a2a_problem{r, n, counts, offs, counts, offs, e, true}));
-        break;
-    }
-  }
+  algo::visit_collective(pr.coll, [&]<collective C>() {
+    using S = algo::schedule_of<C>;
+    if constexpr (S::template has<A>)
+      for (int r = 0; r < n; ++r) S::with_problem(r, pr.shape(), [&](const auto& q) { v.push_back(S::build(a, q, global)); });
+  });
   return v;
 }
 
@@ -320,41 +285,6 @@ inline cost analyse(std::span<const schedule> all, std::size_t elem) {
 
 inline cost analyse(choice p, const problem& pr) { return analyse(schedules(p, pr), pr.elem); }
 
-namespace detail {
-/// The loads of building every rank's schedule with build(rank), one at a time.
-template <class Build>
-algo::load_runs walk(int n, std::size_t elem, Build&& build) {
-  algo::load_maxima m;
-  for (int r = 0; r < n; ++r) m.add(build(r), elem);
-  return m.runs();
-}
-
-template <class A>
-algo::load_runs rs_loads(const A& a, algo::rs_problem p) {
-  if constexpr (requires { a.reduce_scatter_loads(p); }) return a.reduce_scatter_loads(p);
-  else return walk(p.size, p.elem_size, [&](int r) { p.rank = r; return a.reduce_scatter(p); });
-}
-template <class A>
-algo::load_runs ag_loads(const A& a, algo::ag_problem p) {
-  if constexpr (requires { a.all_gather_loads(p); }) return a.all_gather_loads(p);
-  else return walk(p.size, p.elem_size, [&](int r) { p.rank = r; return a.all_gather(p); });
-}
-template <class A>
-algo::load_runs ar_loads(const A& a, algo::ar_problem p) {
-  if constexpr (requires { a.all_reduce_loads(p); }) return a.all_reduce_loads(p);
-  else return walk(p.size, p.elem_size, [&](int r) { p.rank = r; return a.all_reduce(p); });
-}
-template <class A>
-algo::load_runs bcast_loads(const A& a, algo::bcast_problem p) {
-  if constexpr (requires { a.broadcast_loads(p); }) return a.broadcast_loads(p);
-  else return walk(p.size, p.elem_size, [&](int r) { p.rank = r; return a.broadcast(p); });
-}
-template <class A>
-algo::load_runs reduce_loads(const A& a, algo::reduce_problem p) {
-  if constexpr (requires { a.reduce_loads(p); }) return a.reduce_loads(p);
-  else return walk(p.size, p.elem_size, [&](int r) { p.rank = r; return a.reduce(p); });
-}
-}  // namespace detail
 
 /// What a call costs, from the policy's structure or a walk of one rank at a time (see the
 /// top): the same loads and totals as analyse(schedules(a, pr)), without the per-rank counts,
@@ -363,51 +293,16 @@ template <class A>
 cost profile(const A& a, const problem& pr) {
   cost c;
   if (!supports<A>(pr.coll, pr.commutative) || pr.count == 0) return c;
-  const int n = pr.n;
-  const std::size_t k = pr.count, e = pr.elem;
-  const auto un = std::size_t(n);
-  switch (pr.coll) {
-    case collective::all_reduce:
-      if constexpr (requires(const algo::ar_problem& p) { a.all_reduce(p); }) {
-        c.per_step = detail::ar_loads(a, {0, n, k, e, pr.commutative, buf::in});
-      } else if constexpr (requires(const algo::rs_problem& p) { a.reduce_scatter(p); }) {
-        // reduce-scatter + all-gather per segment (algo/compose.hpp): the full segments alike
-        auto segment = [&](std::size_t len) {
-          const partition blocks(len, n);
-          algo::load_runs r = detail::rs_loads(a, {0, n, blocks, buf::in, buf::out, e, pr.commutative});
-          algo::append_loads(r, detail::ag_loads(a, {0, n, blocks, true, 0, e}));
-          return r;
-        };
-        const std::size_t seg = algo::tuning::all_reduce_segment(k, e);
-        c.per_step = segment(seg);
-        c.periods = k / seg;
-        if (k % seg != 0) c.tail = segment(k % seg);
-      }
-      break;
-    case collective::reduce_scatter:
-      if constexpr (requires(const algo::rs_problem& p) { a.reduce_scatter(p); })
-        c.per_step = detail::rs_loads(a, {0, n, partition(k * un, n), buf::in, buf::none, e, pr.commutative});
-      break;
-    case collective::all_gather:
-      if constexpr (requires(const algo::ag_problem& p) { a.all_gather(p); })
-        c.per_step = detail::ag_loads(a, {0, n, partition(k * un, n), false, 0, e});
-      break;
-    case collective::broadcast:
-      if constexpr (requires(const algo::bcast_problem& p) { a.broadcast(p); })
-        c.per_step = detail::bcast_loads(a, {0, n, pr.root, k, e});
-      break;
-    case collective::reduce:
-      if constexpr (requires(const algo::reduce_problem& p) { a.reduce(p); })
-        c.per_step = detail::reduce_loads(a, {0, n, pr.root, k, e, pr.commutative});
-      break;
-    case collective::all_to_all:
-      if constexpr (requires(const algo::a2a_problem& p) { a.all_to_all(p); }) {
-        std::vector<std::size_t> counts(un, k), offs(un);
-        for (std::size_t i = 0; i < un; ++i) offs[i] = i * k;
-        c.per_step = detail::walk(n, e, [&](int r) { return a.all_to_all(algo::a2a_problem{r, n, counts, offs, counts, offs, e, true}); });
-      }
-      break;
-  }
+  algo::visit_collective(pr.coll, [&]<collective C>() {
+    using S = algo::schedule_of<C>;
+    if constexpr (S::template has<A>)
+      S::with_problem(0, pr.shape(), [&](const auto& q) {
+        algo::load_plan l = algo::plan_of<C>(a, q);
+        c.per_step = std::move(l.per_step);
+        c.periods = l.periods;
+        c.tail = std::move(l.tail);
+      });
+  });
   c.total();
   return c;
 }
