@@ -361,11 +361,16 @@ TEST_CASE("a call's captures and continuations run with no lock of collx's held"
         o);
   }
   SECTION("a continuation that does not return: the calls after it fail at the deadline and say why") {
+    // Rank 1 joins the first call only once rank 0 has attached its continuation: the call cannot
+    // have ended before, so the continuation runs on the progress thread, not at once on rank 0's
+    // (where it would wait for `go`, which only that thread sets: the test hung so under TSan).
+    std::atomic<bool> attached{false};
     collx::launch_threads(
         2,
         [&](auto& comm) {
           std::vector<int> v(10, 1);
           if (comm.rank() == 1) {
+            while (!attached.load()) std::this_thread::sleep_for(1ms);
             collx::all_reduce(comm, std::span{v}, collx::ops::sum{});
             try {
               collx::all_reduce(comm, std::span{v}, collx::ops::sum{});  // rank 0 never comes
@@ -379,7 +384,8 @@ TEST_CASE("a call's captures and continuations run with no lock of collx's held"
           w.then([&](std::exception_ptr) {
             while (!go.load()) std::this_thread::sleep_for(1ms);  // stuck, as a callback waiting for a GIL
           });
-          std::this_thread::sleep_for(50ms);  // its continuation runs now (or on this thread at once)
+          attached = true;
+          std::this_thread::sleep_for(50ms);  // the call ends and its continuation runs, on the progress thread
           std::string what;
           const auto t0 = std::chrono::steady_clock::now();
           try {

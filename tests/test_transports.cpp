@@ -2,8 +2,11 @@
 // one peer than any queue holds, and the one rule of point-to-point calls.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <numeric>
 #include <thread>
 
@@ -304,4 +307,39 @@ TEMPLATE_TEST_CASE("point to point: one rule on every transport and at every siz
   for (std::size_t count : {std::size_t(0), std::size_t(1), std::size_t(8), std::size_t(257), std::size_t(100003),
                             std::size_t(1) << 20})
     point_to_point_rule<TestType>(count);
+}
+
+TEST_CASE("join: processes collx did not start make their transport through a shared store, by name", "[transports][join]") {
+  // The forked ranks stand for ranks a launcher started (torchrun, srun): each makes a file store
+  // in one directory and joins a second communicator through it, shm and tcp by name, and
+  // all-reduces on it against the sum every rank computes itself.
+  const auto dir = std::filesystem::temp_directory_path() / ("collx-join-" + std::to_string(::getpid()));
+  for (int n : {1, 2, 3}) {
+    for (const char* name : {"shm", "tcp"}) {
+      CAPTURE(n, name);
+      std::filesystem::remove_all(dir);
+      std::filesystem::create_directories(dir);
+      CHECK(run_checked<processes>(n, [&](auto& world, auto note) {
+              auto store = std::make_shared<collx::transport::file_store>((dir / name).string());
+              collx::join_options o;
+              o.timeout = 60s;
+              o.prefix = std::string("join-") + name;
+              collx::communicator comm{collx::join_named(name, store, world.rank(), world.size(), o)};
+              if (comm.rank() != world.rank() || comm.size() != n) note("rank or size differ from the world's");
+              std::vector<std::int64_t> v(1031);
+              for (std::size_t i = 0; i < v.size(); ++i) v[i] = std::int64_t(i) * (comm.rank() + 1);
+              collx::all_reduce(comm, std::span{v}, collx::ops::sum{});
+              for (std::size_t i = 0; i < v.size(); ++i)
+                if (v[i] != std::int64_t(i) * n * (n + 1) / 2) {
+                  note("element " + std::to_string(i) + " is " + std::to_string(v[i]));
+                  break;
+                }
+            }) == "");
+    }
+  }
+  std::filesystem::remove_all(dir);
+  // A name that is not a transport between processes says which are.
+  auto store = std::make_shared<collx::transport::file_store>(dir.string());
+  CHECK_THROWS_WITH(collx::join_named("threads", store, 0, 1), Contains("no transport between processes is called 'threads'"));
+  std::filesystem::remove_all(dir);
 }

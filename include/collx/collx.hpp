@@ -24,6 +24,7 @@
 #include "launch/threads.hpp"
 #include "launch/processes.hpp"
 #include "launch/named.hpp"
+#include "launch/join.hpp"
 #include "core/job_env.hpp"
 #include "ops/ops.hpp"
 #include "features/groups.hpp"

@@ -74,18 +74,6 @@ std::string host_id() {
   return collx::transport::tcp_detail::rendezvous::host_id();
 }
 
-std::string random_hex(int bytes) {
-  std::random_device rd;
-  std::string s;
-  static const char* hex = "0123456789abcdef";
-  for (int i = 0; i < bytes; ++i) {
-    const unsigned b = rd() & 0xff;
-    s += hex[b >> 4];
-    s += hex[b & 15];
-  }
-  return s;
-}
-
 /// The future's value: the call's output tensors.
 c10::intrusive_ptr<c10::ivalue::Future> make_future() {
   return c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
@@ -304,19 +292,13 @@ class ProcessGroupCollx final : public c10d::ProcessGroup {
     // rendezvous keeps the process group's: ranks may start minutes apart)
     o.timeout = std::getenv("COLLX_TIMEOUT_S") != nullptr ? collx::detail::default_timeout() : timeout;
     const std::string kind = choose_transport(*store, rank, size);
-    if (kind == "shm") {
-      if (rank == 0) store_set(*store, "collx/job", "torch-" + random_hex(8));
-      const std::string job = store_get(*store, "collx/job");
-      collx::transport::shm::config cfg;
-      cfg.attach_timeout = std::min<std::chrono::nanoseconds>(cfg.attach_timeout, timeout);
-      comm_ = std::make_unique<comm_t>(collx::transport::any(collx::transport::shm(job, rank, size, cfg)), o);
-    } else {
-      collx::transport::tcp_config cfg;
-      cfg.external_store = std::make_shared<torch_store>(store);
-      cfg.rendezvous_timeout = timeout;
-      if (const char* m = std::getenv("MASTER_ADDR")) cfg.master_addr = m;  // the interface that routes there
-      comm_ = std::make_unique<comm_t>(collx::transport::any(collx::transport::tcp("torch", rank, size, cfg)), o);
-    }
+    // Joined through torch's store (launch/join.hpp): shm agrees on its segment's job there, tcp
+    // on the ranks' addresses; the listening address is the one that routes to MASTER_ADDR.
+    collx::join_options j;
+    j.timeout = timeout;
+    j.prefix = "torch";
+    if (const char* m = std::getenv("MASTER_ADDR")) j.master_addr = m;
+    comm_ = std::make_unique<comm_t>(collx::join_named(kind, std::make_shared<torch_store>(store), rank, size, j), o);
     kind_ = kind;
   }
 

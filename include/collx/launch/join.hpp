@@ -1,0 +1,94 @@
+#pragma once
+// join: a transport between processes that collx did not fork (started by torchrun, srun, mpirun
+// or a job script). Every rank calls it with the same rendezvous store, its rank and the rank
+// count, and gets its transport; the store carries what the ranks must agree on: for shm the
+// segment's job name (rank 0 draws it), for tcp the ranks' addresses (tcp's own rendezvous).
+//
+//   auto t = collx::join_named("shm", store, rank, size, {timeout});   // a transport::any
+//   collx::communicator comm{std::move(t), opts};
+//
+// By name, the list of transports (core/transports.hpp) says which: the torch backend makes its
+// communicator so (COLLX_TORCH_TRANSPORT). launch_processes, which forks its ranks, agrees on
+// the job before it forks and needs no store.
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <string_view>
+
+#include "../core/error.hpp"
+#include "../core/transports.hpp"
+#include "../transport/any.hpp"
+#include "../transport/shm.hpp"
+#include "../transport/tcp.hpp"
+
+namespace collx {
+
+struct join_options {
+  /// The rendezvous's deadline: how long a rank waits for the others to join.
+  std::chrono::nanoseconds timeout = std::chrono::minutes(5);
+  /// The store's keys go under it ("<prefix>/job"), so two communicators can share a store.
+  std::string prefix = "collx";
+  /// tcp: the address this rank listens on is the one that routes to it (MASTER_ADDR's host).
+  std::string master_addr;
+};
+
+namespace detail {
+inline std::string random_hex(int bytes) {
+  std::random_device rd;
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string s;
+  for (int i = 0; i < bytes; ++i) {
+    const unsigned b = rd() & 0xffu;
+    s += hex[b >> 4];
+    s += hex[b & 15u];
+  }
+  return s;
+}
+}  // namespace detail
+
+/// Transport T joined through `store` (T: transport::shm or transport::tcp).
+template <class T>
+T join(const std::shared_ptr<transport::store>& store, int rank, int size, const join_options& o = {});
+
+/// shm: rank 0 draws the job's name and publishes it; every rank attaches the segment of that
+/// name, waiting for the others no longer than o.timeout.
+template <>
+inline transport::shm join<transport::shm>(const std::shared_ptr<transport::store>& store, int rank, int size,
+                                           const join_options& o) {
+  const std::string key = o.prefix + "/job";
+  if (rank == 0) store->set(key, "j" + detail::random_hex(8));
+  const auto job = store->get(key, transport::net::clock::now() + o.timeout);
+  if (!job)
+    throw error(errc::timeout, "join (shm): rank " + std::to_string(rank) + " waited " + detail::format_seconds(o.timeout) +
+                                   " for rank 0 to publish the job's name at '" + key + "' in " + store->where());
+  transport::shm::config cfg;
+  cfg.attach_timeout = std::min<std::chrono::nanoseconds>(cfg.attach_timeout, o.timeout);
+  return transport::shm(*job, rank, size, cfg);
+}
+
+/// tcp: the ranks publish and read their addresses through the store (tcp's rendezvous).
+template <>
+inline transport::tcp join<transport::tcp>(const std::shared_ptr<transport::store>& store, int rank, int size,
+                                           const join_options& o) {
+  transport::tcp_config cfg;
+  cfg.external_store = store;
+  cfg.rendezvous_timeout = o.timeout;
+  if (!o.master_addr.empty()) cfg.master_addr = o.master_addr;
+  return transport::tcp(o.prefix, rank, size, std::move(cfg));
+}
+
+/// The transport called `name` in the list of transports (core/transports.hpp), joined through
+/// `store`: one of those whose ranks are processes or hosts.
+inline transport::any join_named(std::string_view name, const std::shared_ptr<transport::store>& store, int rank, int size,
+                                 const join_options& o = {}) {
+  const transport_entry* t = find_transport(name);
+  if (t != nullptr && t->name == transport::shm::name) return transport::any(join<transport::shm>(store, rank, size, o));
+  if (t != nullptr && t->name == transport::tcp::name) return transport::any(join<transport::tcp>(store, rank, size, o));
+  throw error(errc::invalid_argument, "join_named: no transport between processes is called '" + std::string(name) +
+                                          "' (core/transports.hpp: " +
+                                          transport_flags(rank_kind::processes, rank_kind::hosts) + ")");
+}
+
+}  // namespace collx
