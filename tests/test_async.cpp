@@ -361,16 +361,19 @@ TEST_CASE("a call's captures and continuations run with no lock of collx's held"
         o);
   }
   SECTION("a continuation that does not return: the calls after it fail at the deadline and say why") {
-    // Rank 1 joins the first call only once rank 0 has attached its continuation: the call cannot
-    // have ended before, so the continuation runs on the progress thread, not at once on rank 0's
-    // (where it would wait for `go`, which only that thread sets: the test hung so under TSan).
-    std::atomic<bool> attached{false};
+    // Rank 1 joins the first call only once rank 0 has attached its continuation (so `then` does
+    // not run it at once), and rank 0 makes its next call only once the continuation has started
+    // (so that call's turn does not run the queued one, and its continuation, on rank 0's thread):
+    // the continuation runs on the progress thread. On rank 0's it would wait for `go`, which only
+    // that thread sets (the test hung so under TSan).
+    std::atomic<bool> attached{false}, entered{false};
     collx::launch_threads(
         2,
         [&](auto& comm) {
           std::vector<int> v(10, 1);
           if (comm.rank() == 1) {
-            while (!attached.load()) std::this_thread::sleep_for(1ms);
+            const auto until = std::chrono::steady_clock::now() + 60s;
+            while (!attached.load() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
             collx::all_reduce(comm, std::span{v}, collx::ops::sum{});
             try {
               collx::all_reduce(comm, std::span{v}, collx::ops::sum{});  // rank 0 never comes
@@ -382,10 +385,18 @@ TEST_CASE("a call's captures and continuations run with no lock of collx's held"
           std::atomic<bool> go{false};
           auto w = collx::async::all_reduce(comm, std::span{v}, collx::ops::sum{});
           w.then([&](std::exception_ptr) {
+            entered = true;
             while (!go.load()) std::this_thread::sleep_for(1ms);  // stuck, as a callback waiting for a GIL
           });
           attached = true;
-          std::this_thread::sleep_for(50ms);  // the call ends and its continuation runs, on the progress thread
+          const auto until = std::chrono::steady_clock::now() + 60s;  // (a deadline: the call ends in microseconds)
+          while (!entered.load() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+          if (!entered.load()) {
+            f.note(0, "the first call's continuation did not start within 60 s");
+            go = true;
+            w.wait();
+            return;
+          }
           std::string what;
           const auto t0 = std::chrono::steady_clock::now();
           try {
