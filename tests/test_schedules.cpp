@@ -131,7 +131,7 @@ TEST_CASE("a schedule's cache key holds every field of its problem and policy", 
   // The hand-written keys it replaced left out the partition's part count of all_gather and
   // reduce_scatter problems.
   auto key = [](const auto& pol, const auto& p) {
-    collx::detail::schedule_key k;
+    collx::detail::schedule_key k{};
     collx::detail::add_fields(k, pol);
     collx::detail::add_fields(k, p);
     return k;
