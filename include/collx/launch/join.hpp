@@ -13,7 +13,6 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <random>
 #include <string>
 #include <string_view>
 
@@ -34,20 +33,6 @@ struct join_options {
   std::string master_addr;
 };
 
-namespace detail {
-inline std::string random_hex(int bytes) {
-  std::random_device rd;
-  static constexpr char hex[] = "0123456789abcdef";
-  std::string s;
-  for (int i = 0; i < bytes; ++i) {
-    const unsigned b = rd() & 0xffu;
-    s += hex[b >> 4];
-    s += hex[b & 15u];
-  }
-  return s;
-}
-}  // namespace detail
-
 /// Transport T joined through `store` (T: transport::shm or transport::tcp).
 template <class T>
 T join(const std::shared_ptr<transport::store>& store, int rank, int size, const join_options& o = {});
@@ -58,7 +43,7 @@ template <>
 inline transport::shm join<transport::shm>(const std::shared_ptr<transport::store>& store, int rank, int size,
                                            const join_options& o) {
   const std::string key = o.prefix + "/job";
-  if (rank == 0) store->set(key, "j" + detail::random_hex(8));
+  if (rank == 0) store->set(key, "j" + transport::tcp_detail::rendezvous::random_token().substr(0, 16));  // (getrandom)
   const auto job = store->get(key, transport::net::clock::now() + o.timeout);
   if (!job)
     throw error(errc::timeout, "join (shm): rank " + std::to_string(rank) + " waited " + detail::format_seconds(o.timeout) +
