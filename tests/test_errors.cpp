@@ -14,6 +14,8 @@
 
 using namespace std::chrono_literals;
 using Catch::Matchers::Contains;
+using Catch::Matchers::EndsWith;
+using Catch::Matchers::StartsWith;
 
 namespace {
 collx::options quick(std::chrono::nanoseconds t = 300ms) {
@@ -109,6 +111,62 @@ TEST_CASE("a timeout message names the rank waited for, which launchers read bac
   }
   CHECK(collx::call_info::waited_for("rank 0 failed") == -1);
   CHECK(collx::call_info::waited_for("x waiting for rank ") == -1);
+}
+
+TEST_CASE("a launcher follows a chain of waits to the rank the job waited for", "[errors][timeout]") {
+  // Three ranks of a ring, rank 2 late: rank 1 waits for rank 0, which waits for rank 2. The
+  // first deadline to pass aborts the job; the rank whose deadline was a moment later reports the
+  // abort while it waited, and the job's error is still a timeout naming rank 2 (CI's ASan run
+  // at fba056e named rank 0: the chain stopped at a rank that reported the abort).
+  auto message = [](int rank, auto&& say) {
+    collx::call_info c;
+    c.timeout = 2s;
+    c.rank = rank;
+    try {
+      say(c);
+    } catch (const collx::error& e) {
+      return std::pair{int(e.code().value()), std::string(e.what())};
+    }
+    return std::pair{0, std::string()};
+  };
+  const auto r1 = message(1, [](collx::call_info& c) { c.timed_out(0, "its data"); });
+  const auto r0 = message(0, [&](collx::call_info& c) {
+    c.fail(collx::errc::peer_lost, std::string(collx::call_info::kAbortedWhile) + " waiting for " + c.peer(2) +
+                                       " (its data): " + c.peer(1) + " failed: " + r1.second);
+  });
+  const auto r2 = message(2, [&](collx::call_info& c) {
+    c.fail(collx::errc::peer_lost, "lost " + c.peer(0) + ": it failed: " + r0.second);
+  });
+  const auto& [c0, aborted] = r0;
+  const auto& [c1, timed_out] = r1;
+  const auto& [c2, lost] = r2;
+  CHECK(collx::call_info::aborted_wait(aborted));
+  CHECK(collx::call_info::waited_for(aborted) == 2);
+  CHECK_FALSE(collx::call_info::aborted_wait(timed_out));
+  CHECK_FALSE(collx::call_info::aborted_wait(lost));  // it quotes rank 0's abort: not a wait of its own
+  using f = collx::detail::rank_failure;
+  SECTION("the abort came first in rank order") {
+    const auto e = collx::detail::job_failure({f{0, c0, aborted}, f{1, c1, timed_out}, f{2, c2, lost}}, 3);
+    CHECK(e.code() == collx::errc::timeout);
+    CHECK_THAT(e.what(), StartsWith(aborted) && Contains("waiting for rank 2") && EndsWith("[3 ranks failed: 0 1 2]"));
+  }
+  SECTION("the late rank died") {
+    const auto e = collx::detail::job_failure({f{0, c0, aborted}, f{1, c1, timed_out}, f{2, c2, "rank 2 was killed", true}}, 3);
+    CHECK(e.code() == collx::errc::timeout);
+    CHECK_THAT(e.what(), StartsWith(aborted));
+  }
+  SECTION("both timed out: the chain of timeouts as before") {
+    const auto [c0t, t0] = message(0, [](collx::call_info& c) { c.timed_out(2, "its data"); });
+    const auto e = collx::detail::job_failure({f{0, c0t, t0}, f{1, c1, timed_out}}, 3);
+    CHECK(e.code() == collx::errc::timeout);
+    CHECK_THAT(e.what(), StartsWith(t0));
+  }
+  SECTION("an abort is not followed from an error that is not a timeout") {
+    const auto [cm, mismatch] = message(1, [](collx::call_info& c) { c.fail(collx::errc::mismatch, "waiting for rank 0 saw a different count"); });
+    const auto e = collx::detail::job_failure({f{0, c0, aborted}, f{1, cm, mismatch}}, 3);
+    CHECK(e.code() == collx::errc::mismatch);
+    CHECK_THAT(e.what(), StartsWith(mismatch));
+  }
 }
 
 TEST_CASE("COLLX_TIMEOUT_S sets the default timeout; a bad value is an error", "[errors][timeout]") {

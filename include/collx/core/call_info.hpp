@@ -353,6 +353,19 @@ struct call_info {
     return r;
   }
   static constexpr const char* kWaitingFor = " waiting for rank ";
+  /// How a rank still waiting when another rank's failure aborted the job says so (engine.hpp):
+  /// "the job was aborted while waiting for rank 2 (its data over tcp): rank 1 failed: ...".
+  static constexpr const char* kAbortedWhile = "the job was aborted while";
+
+  /// Whether `what` is such an aborted wait of its own rank: the abort comes before any message
+  /// it quotes (after "failed: " or "lost rank 1: "), and its first "waiting for rank" is the
+  /// abort's. (A rank whose peer timed out first says that, not a timeout of its own, though it
+  /// waited as long; launchers follow chains of waits through it.)
+  static bool aborted_wait(const std::string& what) {
+    const auto a = what.find(kAbortedWhile);
+    return a != std::string::npos && a < what.find("failed") && a < what.find("lost ") &&
+           what.find(kWaitingFor) == a + std::strlen(kAbortedWhile);
+  }
 
   /// Compares the signature and size of a message from `peer` with what this rank expects.
   void check_match(int peer, const call_signature& theirs, std::size_t their_bytes, std::size_t my_bytes) const {

@@ -39,6 +39,51 @@
 namespace collx {
 
 namespace detail {
+
+/// What one rank of a job reported: its errc (as a number), its message, and whether it died
+/// (a signal or an exit status: no message of its own).
+struct rank_failure {
+  int rank;
+  int code;
+  std::string what;
+  bool died = false;
+};
+
+/// The one error a launcher throws for a job whose ranks failed (`failures` by rank, n ranks):
+/// the cause's message, then which ranks failed.
+/// The cause: an error of a rank's own (not peer_lost), else a rank that died, else the first.
+/// A timeout names the rank it waited for; when that rank was waiting too (it timed out as
+/// well, or the job was aborted while it waited: the first timeout aborts the job, and a rank
+/// whose deadline was a moment later reports the abort), the rank it waited for is nearer the
+/// cause (a stopped rank stalls its neighbour, which stalls the next): the chain is followed, at
+/// most n hops, and the error stays a timeout. (CI's ASan run at fba056e: rank 1 timed out
+/// waiting for rank 0, rank 0 reported the abort while it waited for the late rank 2, and the
+/// job's error named rank 0 instead of rank 2.)
+inline error job_failure(const std::vector<rank_failure>& failures, int n) {
+  const rank_failure* cause = &failures.front();
+  for (const auto& x : failures)
+    if (x.died) { cause = &x; break; }
+  for (const auto& x : failures)
+    if (x.code != int(errc::peer_lost)) { cause = &x; break; }
+  const int code = cause->code;
+  auto waiting = [](const rank_failure& x) { return x.code == int(errc::timeout) || call_info::aborted_wait(x.what); };
+  for (int hop = 0; hop < n && code == int(errc::timeout) && waiting(*cause); ++hop) {
+    const int peer = call_info::waited_for(cause->what);
+    const rank_failure* next = nullptr;
+    for (const auto& x : failures)
+      if (x.rank == peer && waiting(x)) next = &x;
+    if (next == nullptr || next == cause) break;
+    cause = next;
+  }
+  std::string all = cause->what;
+  if (failures.size() > 1) {
+    all += " [" + std::to_string(failures.size()) + " ranks failed:";
+    for (const auto& x : failures) all += " " + std::to_string(x.rank);
+    all += "]";
+  }
+  return error(code >= int(errc::timeout) && code <= int(errc::transport_error) ? errc(code) : errc::peer_lost, all);
+}
+
 inline std::string unique_job_name() {
   static std::atomic<unsigned> counter{0};
   std::random_device rd;
@@ -53,9 +98,7 @@ inline void write_all(int fd, const std::string& s) {
     off += std::size_t(k);
   }
 }
-}  // namespace detail
 
-namespace detail {
 /// The fork/report machinery; make(job, rank) builds a rank's transport in its child; forked() runs in
 /// the parent once every child exists (to drop what only the children need).
 template <template <class> class Decorator, class Make, class F, class Forked = void (*)()>
@@ -131,8 +174,7 @@ void launch_processes_with(int n, const std::string& job, Make&& make, F&& f, co
     fds[std::size_t(r)] = p[0];
   }
   forked();
-  struct failure { int rank; int code; std::string what; bool died = false; };
-  std::vector<failure> failures;
+  std::vector<detail::rank_failure> failures;
   // Wait for every child with a deadline: once one rank has failed, every rank still inside a
   // collx call sees the job's abort (or its own timeout) and reports within opts.timeout; a rank
   // still running after min(opts.timeout, 10 s) + 1 s is stuck outside collx (user code, or a lock
@@ -264,32 +306,7 @@ void launch_processes_with(int n, const std::string& job, Make&& make, F&& f, co
                                                        std::to_string(WEXITSTATUS(status)), true});
     }
   }
-  if (failures.empty()) return;
-  // The cause: an error of the rank's own (not peer_lost), else a rank that died, else the first.
-  const failure* cause = &failures.front();
-  for (const auto& x : failures)
-    if (x.died) { cause = &x; break; }
-  for (const auto& x : failures)
-    if (x.code != int(errc::peer_lost)) { cause = &x; break; }
-  // A timeout names the rank it waited for. When that rank timed out too, waiting for a third,
-  // the third is nearer the cause (a stopped rank stalls its neighbour, which stalls the next):
-  // follow the chain, at most n hops.
-  for (int hop = 0; hop < n && cause->code == int(errc::timeout); ++hop) {
-    const int peer = call_info::waited_for(cause->what);
-    const failure* next = nullptr;
-    for (const auto& x : failures)
-      if (x.rank == peer && x.code == int(errc::timeout)) next = &x;
-    if (next == nullptr || next == cause) break;
-    cause = next;
-  }
-  std::string all = cause->what;
-  if (failures.size() > 1) {
-    all += " [" + std::to_string(failures.size()) + " ranks failed:";
-    for (const auto& x : failures) all += " " + std::to_string(x.rank);
-    all += "]";
-  }
-  const int c = cause->code;
-  throw error(c >= int(errc::timeout) && c <= int(errc::transport_error) ? errc(c) : errc::peer_lost, all);
+  if (!failures.empty()) throw detail::job_failure(failures, n);
 }
 
 /// Unlinks a job's shm segment and its splits' when the launcher returns: a rank that died

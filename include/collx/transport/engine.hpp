@@ -197,7 +197,7 @@ bool check_peers(C& c, St& s, int blocked_on, const char* what) {
   if (gone < 0 && !elsewhere) return false;
   if (may_move(c, s)) return true;
   if (gone >= 0) call.fail(errc::peer_lost, "lost " + call.peer(gone) + ": " + c.why(gone));
-  call.fail(errc::peer_lost, "the job was aborted while waiting for " + call.peer(blocked_on) + " (" + what + "): " +
+  call.fail(errc::peer_lost, std::string(call_info::kAbortedWhile) + " waiting for " + call.peer(blocked_on) + " (" + what + "): " +
                                  call.peer(f) + " failed: " + c.failure(f));
 }
 
