@@ -116,6 +116,49 @@ TEST_CASE("flight recorder: keeps the last K calls (COLLX_FLIGHT_RECORDER), and 
   }
 }
 
+TEST_CASE("flight recorder: a call made while an exception unwinds is recorded done", "[flight][errors]") {
+  // The record's state comes from the exceptions in flight as the call begins and as it ends
+  // (detail::uncaught_exceptions: the C++ ABI's per-thread count, read without the runtime's call).
+  CHECK(collx::detail::uncaught_exceptions() == 0);
+  int during = -1, std_during = -1;
+  try {
+    struct probe {
+      int& a;
+      int& b;
+      ~probe() {
+        a = collx::detail::uncaught_exceptions();
+        b = std::uncaught_exceptions();
+      }
+    } p{during, std_during};
+    throw 1;
+  } catch (int) {
+  }
+  CHECK(during == 1);
+  CHECK(std_during == 1);
+  int other = -1;
+  std::thread([&] { other = collx::detail::uncaught_exceptions(); }).join();  // a thread's own count
+  CHECK(other == 0);
+
+  collx::launch_threads(1, [](auto& comm) {
+    std::vector<float> v(3, 1.0f);
+    // A guard whose destructor all-reduces: it runs while the exception below unwinds.
+    struct guard {
+      decltype(comm)& c;
+      std::vector<float>& v;
+      ~guard() { collx::all_reduce(c, std::span(v), collx::ops::sum{}, collx::algo::ring{}); }
+    };
+    try {
+      guard g{comm, v};
+      throw std::runtime_error("the user's own");
+    } catch (const std::runtime_error&) {
+    }
+    const auto rec = collx::flight::records(comm);
+    REQUIRE(rec.size() == 1);
+    CHECK(rec[0].state == collx::call_state::done);
+    CHECK(v[0] == 1.0f);
+  });
+}
+
 TEST_CASE("flight recorder: a failed call is recorded with its error, and every rank dumps", "[flight][errors]") {
   const auto dir = std::filesystem::temp_directory_path() / ("collx-flight-" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);

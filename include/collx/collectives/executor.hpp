@@ -189,7 +189,7 @@ void open_record(communicator<T>& comm, call_info& c) {
   c.mark.close = &flight_recorder::close_fn;
   c.mark.recorder = &fr;
   c.mark.rec = c.rec;
-  c.mark.uncaught = std::uncaught_exceptions();
+  c.mark.uncaught = uncaught_exceptions();
 }
 
 /// A transport that takes whole schedules (core/concepts.hpp: RunsSchedules) runs this rank's; the
