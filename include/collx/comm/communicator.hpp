@@ -239,7 +239,7 @@ class communicator {
     std::vector<state*> all;
   };
   struct state {
-    state(T x, options o) : t(std::move(x)), opts(o), uncaught(std::uncaught_exceptions()) {
+    state(T x, options o) : t(std::move(x)), opts(o), uncaught(detail::uncaught_exceptions()) {
       detail::queue_observer obs;
       obs.ctx = this;
       obs.where = [](void* c) {
@@ -258,7 +258,7 @@ class communicator {
       // Gone because an error is leaving its scope (a call on another communicator of this
       // rank failed, or the rank's own code threw): its peers learn that this rank failed,
       // not that it left having made fewer calls (a transport that already failed ignores it).
-      if (std::uncaught_exceptions() > uncaught)
+      if (detail::uncaught_exceptions() > uncaught)
         t.abort((id.is_job() ? std::string("the job's communicator") : "communicator " + id.name) +
                 " went with an error leaving its scope on " + id.rank_name(t.rank()) +
                 (detail::tl_last_error.empty() ? std::string(" (its own code threw)")
@@ -304,7 +304,7 @@ class communicator {
     }
     T t;
     options opts;
-    int uncaught;  // std::uncaught_exceptions() as it was made: more as it goes means an error is leaving
+    int uncaught;  // the exceptions in flight as it was made (detail::uncaught_exceptions): more as it goes means an error is leaving
     std::uint64_t seq = 0;
     std::uint64_t empty = 0;
     std::uint32_t splits = 0;

@@ -276,8 +276,9 @@ inline void note_last_error(const std::string& what) noexcept {
   }
 }
 
-/// std::uncaught_exceptions(), read twice a call by the flight recorder (a call failed when more
-/// exceptions are in flight as it ends than as it began), without its cost: a call into the C++
+/// std::uncaught_exceptions(), as collx reads it (the flight recorder twice a call: a call failed
+/// when more exceptions are in flight as it ends than as it began; a communicator as it is made
+/// and as it goes), without the standard one's cost: a call into the C++
 /// runtime's shared library, which finds the thread's exception globals through __tls_get_addr
 /// each time (~8 ns a read on the development VM, 16 a call). The Itanium C++ ABI (2.2.2) fixes
 /// those globals' layout, `{ __cxa_exception* caughtExceptions; unsigned uncaughtExceptions; }`,
