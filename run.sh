@@ -38,7 +38,7 @@ stage() {  # a stage's heading, with the time since run.sh started (CI's budget 
   local t=$((SECONDS - started))
   printf '== [%d:%02d] %s\n' $((t / 60)) $((t % 60)) "$*"
 }
-base_pkgs=(cmake g++ ninja-build make)
+base_pkgs=(cmake g++ ninja-build make libssl-dev)
 
 configure() {  # configure <dir> [cmake args...]
   local dir=$1; shift

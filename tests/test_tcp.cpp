@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "harness.hpp"
+#include "scratch.hpp"
 #include "matrix.hpp"
 #include "stress.hpp"
 
@@ -54,16 +55,6 @@ int open_fds() {
   }
   return n;
 }
-
-/// A scratch directory for a file store, removed at the end of the scope.
-struct temp_dir {
-  std::string path;
-  temp_dir() {
-    char t[] = "/tmp/collx-test-XXXXXX";
-    path = mkdtemp(t);
-  }
-  ~temp_dir() { std::filesystem::remove_all(path); }
-};
 
 /// Runs rank r of an n-rank job on a thread of this process per rank, through a file store in
 /// `dir`; body(comm) runs on each. Returns each rank's error message ("" when it succeeded).
@@ -280,25 +271,6 @@ TEST_CASE("over tcp: a rank stopped mid-message, or late, runs its peers into th
 }
 
 namespace {
-/// Captures what this process writes to stderr (fd 2) while alive.
-struct stderr_capture {
-  int saved = dup(2);
-  std::string path = "/tmp/collx-stderr-" + std::to_string(getpid());
-  stderr_capture() {
-    const int f = ::open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0600);
-    dup2(f, 2);
-    close(f);
-  }
-  std::string text() const {
-    std::ifstream i(path);
-    return std::string((std::istreambuf_iterator<char>(i)), std::istreambuf_iterator<char>());
-  }
-  ~stderr_capture() {
-    dup2(saved, 2);
-    close(saved);
-    std::remove(path.c_str());
-  }
-};
 
 /// Connects to rank `r`'s published address in a file store, as anyone who can read it could.
 net::fd connect_to_rank(const std::string& dir, const std::string& job, int r) {
@@ -311,16 +283,52 @@ net::fd connect_to_rank(const std::string& dir, const std::string& job, int r) {
   return s;
 }
 
-collx::transport::tcp_wire::hello make_hello(int rank, int size, const std::string& token) {
-  collx::transport::tcp_wire::hello h;
+/// Asks to be admitted as rank `rank` of `size` in job `job` by rank `to` on connection s, proving
+/// with `secret` (tcp/auth.hpp), as a rank or a stranger would: the verdict's code, or -1 if the
+/// connection closed without one.
+int admit_as(net::fd& s, const std::string& job, int rank, int size, int to, const std::string& secret) {
+  namespace wire = collx::transport::tcp_wire;
+  namespace auth = collx::transport::tcp_auth;
+  const auto dl = net::clock::now() + 10s;
+  wire::hello h;
   h.rank = std::uint32_t(rank);
   h.size = std::uint32_t(size);
-  std::memcpy(h.token, token.data(), std::min(token.size(), sizeof h.token));
-  return h;
+  const auto nc = auth::fresh_nonce();
+  std::memcpy(h.nonce, nc.data(), nc.size());
+  REQUIRE(net::write_all(s.get(), &h, sizeof h, dl) == net::io::ok);
+  wire::challenge c;
+  if (net::read_exact(s.get(), &c, sizeof(wire::verdict), dl) != net::io::ok) return -1;
+  if (c.magic == wire::kVerdictMagic) return int(reinterpret_cast<const wire::verdict&>(c).code);
+  if (net::read_exact(s.get(), reinterpret_cast<char*>(&c) + sizeof(wire::verdict), sizeof c - sizeof(wire::verdict), dl) != net::io::ok) return -1;
+  auth::nonce na;
+  std::memcpy(na.data(), c.nonce, na.size());
+  const std::string ctx = collx::transport::tcp_detail::rendezvous::context(job, rank, to, size);
+  const std::span<const std::byte> hb(reinterpret_cast<const std::byte*>(&h), sizeof h);
+  // (a rank checks the acceptor's proof: with the right secret it holds)
+  if (!secret.empty() && secret != "a-guess") CHECK(auth::same({c.mac, wire::kMac}, auth::accept_proof(secret, ctx, hb, na)));
+  wire::proof p;
+  const auto m = auth::connect_proof(secret, ctx, hb, na);
+  std::memcpy(p.mac, m.data(), m.size());
+  REQUIRE(net::write_all(s.get(), &p, sizeof p, dl) == net::io::ok);
+  wire::verdict v;
+  if (net::read_exact(s.get(), &v, sizeof v, dl) != net::io::ok) return -1;
+  return int(v.code);
 }
 
-/// Sends a hello (or anything of its size) and returns the verdict's code, or -1 if the
-/// connection closed without one.
+/// A fake rank 1 of a 2-rank job meeting in the file store `dir`: publishes an address (a
+/// listener that never answers), and is admitted by rank 0 with `secret`. Its connection to
+/// rank 0, and the listener.
+std::pair<net::fd, net::fd> fake_rank_1(const std::string& dir, const std::string& job, const std::string& secret) {
+  auto [l, at] = net::listen_on(net::resolve("127.0.0.1", 0));
+  collx::transport::file_store st(dir);
+  net::fd s = connect_to_rank(dir, job, 0);  // rank 0 has claimed the store by now
+  st.set(job + "/addr/1", at.str() + " elsewhere 0,");
+  REQUIRE(admit_as(s, job, 1, 2, 0, secret) == 0);
+  return {std::move(s), std::move(l)};
+}
+
+/// Sends `n` bytes as a hello and returns the verdict's code, or -1 if the connection closed
+/// without one.
 int verdict_for(net::fd& s, const void* hello_bytes) {
   const auto dl = net::clock::now() + 10s;
   REQUIRE(net::write_all(s.get(), hello_bytes, sizeof(collx::transport::tcp_wire::hello), dl) == net::io::ok);
@@ -357,8 +365,7 @@ TEST_CASE("over tcp: strangers are refused and logged, and the job runs as if th
   std::thread r0(rank, 0, std::ref(err0), std::ref(got0));
   {
     net::fd s = connect_to_rank(d.path, "guarded", 0);
-    const auto h = make_hello(1, 2, "a-guess");
-    CHECK(verdict_for(s, &h) == int(collx::transport::tcp_wire::verdict_code::bad_token));
+    CHECK(admit_as(s, "guarded", 1, 2, 0, "a-guess") == int(collx::transport::tcp_wire::verdict_code::bad_token));
   }
   {
     net::fd s = connect_to_rank(d.path, "guarded", 0);
@@ -366,9 +373,8 @@ TEST_CASE("over tcp: strangers are refused and logged, and the job runs as if th
     CHECK(verdict_for(s, junk.data()) == int(collx::transport::tcp_wire::verdict_code::bad_version));
   }
   {
-    net::fd s = connect_to_rank(d.path, "guarded", 0);
-    const auto h = make_hello(7, 2, "the-job-token");  // the right token, a rank that does not exist
-    CHECK(verdict_for(s, &h) == int(collx::transport::tcp_wire::verdict_code::bad_rank));
+    net::fd s = connect_to_rank(d.path, "guarded", 0);  // the right secret, a rank that does not exist
+    CHECK(admit_as(s, "guarded", 7, 2, 0, "the-job-token") == int(collx::transport::tcp_wire::verdict_code::bad_rank));
   }
   { net::fd s = connect_to_rank(d.path, "guarded", 0); }  // connects and leaves without a word
   std::thread r1(rank, 1, std::ref(err1), std::ref(got1));
@@ -379,7 +385,7 @@ TEST_CASE("over tcp: strangers are refused and logged, and the job runs as if th
   CHECK(got0 == std::vector<int>(100, 3));
   CHECK(got1 == std::vector<int>(100, 3));
   const std::string log = cap.text();
-  CHECK_THAT(log, Contains("refused a connection from 127.0.0.1") && Contains("wrong job token"));
+  CHECK_THAT(log, Contains("refused a connection from 127.0.0.1") && Contains("could not prove it holds the job's secret"));
   CHECK_THAT(log, Contains("not a collx peer"));
   CHECK_THAT(log, Contains("rank out of range"));
   CHECK_THAT(log, Contains("closed before its hello"));
@@ -425,14 +431,18 @@ TEST_CASE("over tcp: a shrink's hello or a position query that reaches a rank st
   h.size = 2;
   h.epoch = 1;
   h.job = collx::detail::fnv1a("early");
-  std::memcpy(h.token, cfg.token.data(), cfg.token.size());
+  const auto hm = collx::transport::tcp_auth::compute(
+      cfg.token, {"collx/shrink/1", "early", collx::transport::tcp_auth::part::of(&h, offsetof(wire::shrink_hello, mac)), "0"});
+  std::memcpy(h.mac, hm.data(), hm.size());
   REQUIRE(net::write_all(hello.get(), &h, sizeof h, net::clock::now() + 5s) == net::io::ok);
   net::fd query = connect_to_rank(d.path, "early", 0);
   wire::position_query q;
   q.rank = 1;
   q.size = 2;
   q.job = collx::detail::fnv1a("early");
-  std::memcpy(q.token, cfg.token.data(), cfg.token.size());
+  const auto qm = collx::transport::tcp_auth::compute(
+      cfg.token, {"collx/query/1", "early", collx::transport::tcp_auth::part::of(&q, offsetof(wire::position_query, mac)), "0"});
+  std::memcpy(q.mac, qm.data(), qm.size());
   REQUIRE(net::write_all(query.get(), &q, sizeof q, net::clock::now() + 5s) == net::io::ok);
   // And one that has said nothing yet when the rendezvous ends (a shrink writes its hello once
   // its connection is up): kept too, not closed unread.
@@ -485,13 +495,8 @@ TEST_CASE("over tcp: garbage from an admitted peer is an error naming it, never 
         code = e.code().value();
       }
     });
-    // A fake rank 1: publishes an address, connects with the right token, then sends junk.
-    auto [l, at] = net::listen_on(net::resolve("127.0.0.1", 0));
-    file_store st(d.path);
-    net::fd s = connect_to_rank(d.path, "garbage", 0);  // rank 0 has claimed the store by now
-    st.set("garbage/addr/1", at.str() + " elsewhere 0,");
-    const auto h = make_hello(1, 2, "tok");
-    REQUIRE(verdict_for(s, &h) == 0);
+    // A fake rank 1: publishes an address, connects with the right secret, then sends junk.
+    auto [s, l] = fake_rank_1(d.path, "garbage", "tok");
     tcp_wire::msg_header m;
     if (variant == 0) m.magic = 0xabababab;                    // no magic
     if (variant == 1) m.kind = 99;                                            // unknown kind
@@ -503,7 +508,50 @@ TEST_CASE("over tcp: garbage from an admitted peer is an error naming it, never 
   }
 }
 
-TEST_CASE("over tcp: the rendezvous store refuses clients without the job's token, and garbage", "[tcp][security]") {
+TEST_CASE("over tcp: a peer that trickles a byte now and then cannot keep a call open past options::call_timeout", "[tcp][security]") {
+  // Before: each byte counted as progress and restarted options::timeout, so one byte just
+  // inside each timeout kept the call open for ever.
+  using namespace collx::transport;
+  temp_dir d;
+  tcp_config cfg;
+  cfg.store_path = d.path;
+  cfg.token = "tok";
+  std::string err;
+  double took = 0;
+  std::atomic<bool> over{false};
+  std::thread r0([&] {
+    try {
+      collx::options o;
+      o.timeout = 1s;
+      o.call_timeout = 3s;
+      collx::communicator<tcp> comm{tcp("trickle", 0, 2, cfg), o};
+      std::vector<float> v(1000, 1.0f);
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        collx::all_reduce(comm, std::span{v}, collx::ops::sum{}, algo::ring{});
+      } catch (const collx::error& e) {
+        took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        err = e.what();
+        CHECK(e.code() == collx::errc::timeout);
+      }
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+    over.store(true);
+  });
+  // A fake rank 1: admitted, then a byte of a message header every 300 ms (never a whole one).
+  auto [s, l] = fake_rank_1(d.path, "trickle", "tok");
+  for (int i = 0; i < 60 && !over.load(); ++i) {
+    const char zero = 0;
+    if (net::write_all(s.get(), &zero, 1, net::clock::now() + 1s) != net::io::ok) break;
+    std::this_thread::sleep_for(300ms);
+  }
+  r0.join();
+  CHECK_THAT(err, Contains("timed out after 3 s (the whole call's deadline, options::call_timeout) waiting for rank 1"));
+  CHECK(took < 6.0);
+}
+
+TEST_CASE("over tcp: the rendezvous store refuses clients that cannot prove they hold the job's secret, and garbage", "[tcp][security]") {
   using namespace collx::transport;
   auto listening = net::listen_on(net::resolve("127.0.0.1", 0));
   auto& l = listening.first;  // not structured bindings: the lambdas below capture them (clang 14)
@@ -538,8 +586,24 @@ TEST_CASE("over tcp: the rendezvous store refuses clients without the job's toke
     return int(h.status);
   };
   CHECK(reply_to(std::string(64, 'x')) == -1);  // garbage: dropped
-  CHECK(reply_to(tcp_wire::encode_store_request(tcp_wire::store_op::get, "stored/token", "")) == 1);  // no token: denied
-  CHECK(reply_to(tcp_wire::encode_store_request(tcp_wire::store_op::auth, "auth", "guess")) == 1);
+  CHECK(reply_to(tcp_wire::encode_store_request(tcp_wire::store_op::get, "stored/addr/0", "")) == 1);  // no login: denied
+  CHECK(reply_to(tcp_wire::encode_store_request(tcp_wire::store_op::auth, "auth", std::string(32, 'g'))) == 1);  // a proof, unasked
+  {  // a login with a guessed proof: the challenge comes, the proof is refused
+    std::string why;
+    net::fd s = net::connect_until(at, dl(), why);
+    REQUIRE(s);
+    const std::string bytes = tcp_wire::encode_store_request(tcp_wire::store_op::auth_begin, "auth", std::string(32, 'n')) +
+                              tcp_wire::encode_store_request(tcp_wire::store_op::auth, "auth", std::string(32, 'g'));
+    REQUIRE(net::write_all(s.get(), bytes.data(), bytes.size(), dl()) == net::io::ok);
+    tcp_wire::store_rep_header h;
+    REQUIRE(net::read_exact(s.get(), &h, sizeof h, dl()) == net::io::ok);
+    CHECK(h.status == 0);
+    CHECK(h.value_len == 64);  // the store's nonce and proof
+    std::string v(h.value_len, '\0');
+    REQUIRE(net::read_exact(s.get(), v.data(), v.size(), dl()) == net::io::ok);
+    REQUIRE(net::read_exact(s.get(), &h, sizeof h, dl()) == net::io::ok);
+    CHECK(h.status == 1);
+  }
   std::string huge = tcp_wire::encode_store_request(tcp_wire::store_op::set, "k", "v");
   const std::uint32_t big = 0x7fffffff;
   std::memcpy(huge.data() + 12, &big, sizeof big);  // announces a 2 GiB value
@@ -550,7 +614,8 @@ TEST_CASE("over tcp: the rendezvous store refuses clients without the job's toke
   CHECK(err0 == "");
   CHECK(err1 == "");
   CHECK(got0 == std::vector<int>(10, 3));
-  CHECK_THAT(cap.text(), Contains("tcp store: refused") && Contains("no job token presented") && Contains("wrong job token"));
+  CHECK_THAT(cap.text(), Contains("tcp store: refused") && Contains("asked before proving it holds the job's secret") &&
+                             Contains("could not prove it holds the job's secret") && Contains("a proof without a challenge"));
 }
 
 TEST_CASE("over tcp: hundreds of back-to-back collectives, large among small, stay correct", "[tcp][stress]") {

@@ -35,10 +35,15 @@ int main(int argc, char** argv) {
   w::store_rep_header r;
   put(argv[1], "verdict", raw(v) + raw(r) + std::string(120, '\0'));
   const std::string token = std::string(1, '\1') + std::string(1, '\7');  // token, pieces of 8
-  put(argv[2], "session", token + w::encode_store_request(w::store_op::auth, "auth", "secret") +
+  // a login (its proof cannot be right: the server's nonce is fresh), then requests
+  put(argv[2], "session", token + w::encode_store_request(w::store_op::auth_begin, "auth", std::string(32, 'n')) +
+                              w::encode_store_request(w::store_op::auth, "auth", std::string(32, 'p')) +
                               w::encode_store_request(w::store_op::set, "job/addr/0", "127.0.0.1:5000 host 0,") +
                               w::encode_store_request(w::store_op::get, "job/addr/0", "") +
                               w::encode_store_request(w::store_op::add, "job/ready", std::string(8, '\1')) +
                               w::encode_store_request(w::store_op::get, "job/never", ""));
+  put(argv[2], "open", std::string(1, '\0') + std::string(1, '\7') +  // a store without a secret
+                           w::encode_store_request(w::store_op::set, "job/addr/0", "127.0.0.1:5000 host 0,") +
+                           w::encode_store_request(w::store_op::get, "job/addr/0", ""));
   return 0;
 }

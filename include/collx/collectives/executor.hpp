@@ -352,6 +352,7 @@ call_info make_call(communicator<T>& comm, const char* collective, const char* p
   c.sig.root = root;
   c.rank = comm.rank();
   c.timeout = comm.opts().timeout;
+  c.call_timeout = comm.opts().call_timeout;
   open_record(comm, c);
   return c;
 }

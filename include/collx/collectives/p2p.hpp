@@ -28,6 +28,7 @@ call_info p2p_call(communicator<T>& comm) {
   c.comm = &comm.identity();
   c.rank = comm.rank();
   c.timeout = comm.opts().timeout;
+  c.call_timeout = comm.opts().call_timeout;
   c.synchronous = true;
   open_record(comm, c);
   return c;

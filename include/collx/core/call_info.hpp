@@ -171,6 +171,9 @@ struct call_info {
   /// The communicator (names it and its job ranks in messages); null: the job's own.
   const comm_identity* comm = nullptr;
   std::chrono::nanoseconds timeout{};
+  /// options::call_timeout (0: none), and when this call first waited (deadline()).
+  std::chrono::nanoseconds call_timeout{};
+  mutable std::chrono::steady_clock::time_point first_wait{};
   /// Sends complete only once their receivers have taken them (point to point: collectives/p2p.hpp).
   bool synchronous = false;
   /// The call's flight record (comm/flight.hpp), or null when the recorder is off; `mark` closes it
@@ -222,14 +225,28 @@ struct call_info {
   /// signature `theirs` at the head of a peer's stream: a point-to-point message (sequence
   /// number 0) of this communicator. Whether its size and element type fit, its receive checks.
   bool takes_any_source(const call_signature& theirs) const noexcept { return theirs.seq == 0 && theirs.comm == sig.comm; }
-  [[noreturn]] void timed_out_any(std::span<const int> ps) const {
-    fail(errc::timeout, "timed out after " + detail::format_seconds(timeout) + " waiting for a message from any of " + peers(ps) +
-                            positions());
+  [[noreturn]] void timed_out_any(std::span<const int> ps, bool whole = false) const {
+    fail(errc::timeout, "timed out after " + detail::format_seconds(whole ? call_timeout : timeout) +
+                            (whole ? " (the whole call's deadline, options::call_timeout)" : "") + " waiting for a message from any of " +
+                            peers(ps) + positions());
   }
 
-  [[noreturn]] void timed_out(int peer, const char* waiting_for) const {
-    fail(errc::timeout, "timed out after " + detail::format_seconds(timeout) + " waiting for " + this->peer(peer) + " (" +
+  [[noreturn]] void timed_out(int peer, const char* waiting_for, bool whole = false) const {
+    fail(errc::timeout, "timed out after " + detail::format_seconds(whole ? call_timeout : timeout) +
+                            (whole ? " (the whole call's deadline, options::call_timeout)" : "") + " waiting for " + this->peer(peer) + " (" +
                             waiting_for + ")" + positions());
+  }
+
+  /// The deadline of a wait that starts at `now`: options::timeout from now, or the whole call's
+  /// (options::call_timeout from its first wait) when that comes first (`whole` says which).
+  std::chrono::steady_clock::time_point deadline(std::chrono::steady_clock::time_point now, bool& whole) const {
+    const auto d = now + timeout;
+    whole = false;
+    if (call_timeout.count() <= 0) return d;
+    if (first_wait == std::chrono::steady_clock::time_point{}) first_wait = now;
+    const auto w = first_wait + call_timeout;
+    whole = w < d;
+    return whole ? w : d;
   }
 
   /// The desync report a timeout ends with, where the board says where every rank is: "; where

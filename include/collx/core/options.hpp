@@ -14,11 +14,20 @@ namespace detail {
 inline std::chrono::nanoseconds default_timeout() {
   return std::chrono::nanoseconds(static_cast<std::int64_t>(env_seconds("COLLX_TIMEOUT_S", 300) * 1e9));
 }
+/// options::call_timeout's default: COLLX_CALL_TIMEOUT_S, or none (0).
+inline std::chrono::nanoseconds default_call_timeout() {
+  return std::chrono::nanoseconds(static_cast<std::int64_t>(env_seconds("COLLX_CALL_TIMEOUT_S", 0) * 1e9));
+}
 }  // namespace detail
 
 struct options {
-  /// The longest any single wait may take before the call fails with errc::timeout.
+  /// The longest any single wait may take before the call fails with errc::timeout: measured
+  /// anew after every move of data, so a peer that sends a byte now and then keeps it alive.
   std::chrono::nanoseconds timeout = detail::default_timeout();
+  /// The longest a whole call may wait, from its first wait on, however its data trickles in
+  /// (errc::timeout too); 0: no such bound. A peer cannot keep a call open by sending a byte
+  /// just inside each timeout (docs/security.md).
+  std::chrono::nanoseconds call_timeout = detail::default_call_timeout();
 };
 
 }  // namespace collx

@@ -25,6 +25,8 @@ struct variable {
 inline constexpr variable variables[] = {
     {"COLLX_TIMEOUT_S", "seconds (> 0, may be fractional)",
      "the longest any single wait may take before a call fails with errc::timeout (options::timeout); default 300"},
+    {"COLLX_CALL_TIMEOUT_S", "seconds (> 0, may be fractional)",
+     "the longest a whole call may wait, from its first wait on, however its data trickles in (options::call_timeout); default none"},
     {"COLLX_ALGO", "policy, or collective=policy,...",
      "overrides algo::automatic's choice: `ring`, or `all_reduce=tree,all_gather=ring` (algo/automatic.hpp)"},
     {"COLLX_RANK", "integer", "this process's rank (with COLLX_WORLD_SIZE; wins over the launchers' variables)"},
@@ -35,7 +37,15 @@ inline constexpr variable variables[] = {
      "TORCHELASTIC_RUN_ID and MASTER_ADDR:MASTER_PORT, ...)"},
     {"COLLX_STORE_PATH", "directory", "tcp: rendezvous through files in this shared directory instead of rank 0's TCP store"},
     {"COLLX_SOCKET_IFNAME", "interface name", "tcp: listen on this interface; default the one that routes to MASTER_ADDR"},
-    {"COLLX_JOB_TOKEN", "up to 64 characters", "tcp: the secret peers and store clients must present; default drawn by rank 0"},
+    {"COLLX_LOCAL_WORLD_SIZE", "integer", "the job's rank count on this host (equal to COLLX_WORLD_SIZE: every rank on one host)"},
+    {"COLLX_JOB_TOKEN", "up to 64 characters",
+     "tcp: the job's secret, the same on every rank: peers and store clients prove they hold it (HMAC-SHA-256 "
+     "challenge-response), it is never sent; unset: COLLX_JOB_TOKEN_FILE, else one drawn for the job and passed privately "
+     "where that is possible (docs/security.md)"},
+    {"COLLX_JOB_TOKEN_FILE", "path", "tcp: a file of mode 0600, this user's, that holds the job's secret"},
+    {"COLLX_REQUIRE_SECRET", "0 or 1", "tcp: 1 makes a job that would run without a secret (across hosts, none given) fail instead of warning"},
+    {"COLLX_PRIVATE_DIR", "directory",
+     "tcp: where a job on one host keeps the secret it drew for its ranks (mode 0700, this user's); default /tmp/collx-<uid>"},
     {"COLLX_TCP_BUFFER_BYTES", "bytes (0 .. 1G; K, M, G suffixes)",
      "tcp: SO_SNDBUF/SO_RCVBUF of every connection, 0 keeps the kernel's autotuning; default 4M"},
     {"COLLX_SHM_SINGLE_COPY_BYTES", "bytes (K, M, G suffixes), or 0",

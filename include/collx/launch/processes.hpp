@@ -349,6 +349,9 @@ void launch_processes(int n, F&& f, options opts, transport::tcp_config cfg) {
   auto& listener = listening.first;  // not a structured binding: lambdas capture it (clang 14)
   const auto& at = listening.second;
   const int lfd = listener.get();
+  // The job's secret, drawn here when none was given: the forked ranks have it in memory, and it
+  // travels nowhere else (transport/tcp/secret.hpp).
+  if (cfg.token.empty() && cfg.token_file.empty()) cfg.token = transport::tcp_detail::random_secret();
   detail::launch_processes_with<Decorator>(
       n, detail::unique_job_name(),
       [&, port = at.port()](const std::string& j, int r) {

@@ -225,7 +225,8 @@ void block(C& c, St& s) {
   if (may_move(c, s)) return;
   tw.start();
   // From here, through the yields (core/wait.hpp, wait_on, says why).
-  const auto deadline = clock::now() + call.timeout;
+  bool whole = false;
+  const auto deadline = call.deadline(clock::now(), whole);
   for (int i = 0; i < w.yields; ++i) {
     if (may_move(c, s)) return;
     sched_yield();
@@ -242,7 +243,7 @@ void block(C& c, St& s) {
     if (now >= deadline) {
       if (may_move(c, s)) return;
       if constexpr (requires { c.before_timeout(call); }) c.before_timeout(call);
-      call.timed_out(p, what);
+      call.timed_out(p, what, whole);
     }
     tw.start();
     c.sleep(s, t, std::min<std::chrono::nanoseconds>(deadline - now, detail::kSleepSlice));
@@ -300,7 +301,8 @@ int wait_any(C& c, std::span<const int> peers, const call_info& call) {
     }
   }
   tw.start();
-  const auto deadline = clock::now() + call.timeout;
+  bool whole = false;
+  const auto deadline = call.deadline(clock::now(), whole);
   for (int i = 0; i < w.yields; ++i) {
     if (look(false)) return found;
     sched_yield();
@@ -316,7 +318,7 @@ int wait_any(C& c, std::span<const int> peers, const call_info& call) {
     if (now >= deadline) {
       if (look(false)) return found;
       if constexpr (requires { c.before_timeout(call); }) c.before_timeout(call);
-      call.timed_out_any(peers);
+      call.timed_out_any(peers, whole);
     }
     tw.start();
     c.sleep_any(peers, t, std::min<std::chrono::nanoseconds>(deadline - now, detail::kSleepSlice));

@@ -31,15 +31,22 @@
 // peers' mutexes between sleeps, so a dead peer is reported as errc::peer_lost within one sleep
 // slice, not after the timeout.
 //
-// Names. The segment's name is unlinked as soon as every rank has attached; from then on it
+// Names. "/collx-<uid>-<job>", and "-<the secret's fingerprint>" when the job has a secret
+// (COLLX_JOB_TOKEN): another user can guess the rest, not that (docs/security.md). Rank 0, which
+// created the segment, unlinks its name as soon as every rank has attached; from then on it
 // exists only as the ranks' mappings, which the kernel drops when the last one exits, however it
 // exits. A job that crashed before all its ranks attached leaves the name; a rerun of that job
 // recognises the segment as stale (its creator is dead) and replaces it: rank 0 unlinks it and
 // creates a fresh one, and a rank that opened the stale one first lets go of it and waits for
 // the fresh one. A segment whose creator lives belongs to another job of the same name: that
 // is an error, not something to take over.
+//
+// Owners. A segment is this user's, mode 0600: one that belongs to another user (made first
+// under this job's name), or that grants group or others anything, is never joined nor
+// replaced; every rank fails at once with the segment, its owner and the fix named.
 #include <fcntl.h>
 #include <pthread.h>
+#include <pwd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -65,11 +72,13 @@
 #include "../core/error.hpp"
 #include "../core/call_info.hpp"
 #include "../core/split_plan.hpp"
+#include "../core/settings.hpp"
 #include "../core/deliver.hpp"
 #include "shm/config.hpp"
 #include "shm/layout.hpp"
 #include "shm/liveness.hpp"
 #include "shm/pool.hpp"
+#include "tcp/auth.hpp"
 #include "shm/segment.hpp"
 #include "engine.hpp"
 
@@ -139,6 +148,7 @@ class shm {
                                               std::to_string(config::kMaxSlotBytes) + "]");
     if (cfg_.slots < 1 || cfg_.slots > 4096)
       throw error(errc::invalid_argument, "shm: slots " + std::to_string(cfg_.slots) + " must be in [1, 4096]");
+    job_ = job;
     name_ = segment_name(job);
     L_ = shm_layout::layout(n_, cfg_);
     keeper_ = std::make_unique<shm_detail::liveness_keeper>();
@@ -153,10 +163,12 @@ class shm {
     return shm(li.job, li.rank, li.size, cfg);
   }
 
-  /// "/collx-<job>" with anything but [A-Za-z0-9._-] replaced.
+  /// "/collx-<uid>-<job>" with anything but [A-Za-z0-9._-] replaced, and "-<fingerprint>" of
+  /// COLLX_JOB_TOKEN when set (a name another user cannot know in advance).
   static std::string segment_name(const std::string& job) {
-    std::string s = "/collx-";
-    for (char c : job.substr(0, 200)) s += (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_') ? c : '_';
+    std::string s = "/collx-" + std::to_string(::geteuid()) + "-";
+    for (char c : job.substr(0, 180)) s += (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_') ? c : '_';
+    if (const std::string t = detail::env_string("COLLX_JOB_TOKEN"); !t.empty()) s += "-" + tcp_auth::fingerprint(t);
     return s;
   }
 
@@ -165,7 +177,7 @@ class shm {
   split_offer prepare_split() { return {}; }
   shm split(const split_plan& p, split_offer&&) const {
     const members_of from{this, &p.members, true};
-    return shm(name_.substr(std::strlen("/collx-")) + "." + p.id, p.rank, p.size, cfg_, &from);
+    return shm(job_ + "." + p.id, p.rank, p.size, cfg_, &from);
   }
 
   /// communicator::shrink (core/split_plan.hpp), through this segment, which a failure leaves
@@ -200,7 +212,7 @@ class shm {
         if (mine < 0)
           throw error(errc::peer_lost, q.what + ": the survivors went on without this rank (it joined after their deadline)");
         const members_of from{this, &members};
-        return shm(name_.substr(std::strlen("/collx-")) + "." + q.id, mine, int(members.size()), cfg_, &from);
+        return shm(job_ + "." + q.id, mine, int(members.size()), cfg_, &from);
       }
       const std::uint32_t bell = me().doorbell.word.load(std::memory_order_seq_cst);
       bool all = true;
@@ -221,7 +233,8 @@ class shm {
   shm& operator=(shm&& o) noexcept {
     if (this != &o) {
       release();
-      rank_ = o.rank_; n_ = o.n_; cfg_ = o.cfg_; name_ = std::move(o.name_); L_ = o.L_;
+      rank_ = o.rank_; n_ = o.n_; cfg_ = o.cfg_; job_ = std::move(o.job_); name_ = std::move(o.name_); L_ = o.L_;
+      ino_ = o.ino_; dev_ = o.dev_;
       base_ = o.base_; bytes_ = o.bytes_; left_ = o.left_; aborted_ = o.aborted_; cma_ = o.cma_; spin_ = o.spin_;
       keeper_ = std::move(o.keeper_);
       pool_ = std::move(o.pool_);
@@ -406,6 +419,9 @@ class shm {
   // ---- attach (defined in shm/attach.hpp) ---------------------------------------------------
 
   void attach(const members_of* from);
+  void check_owner(const struct stat& st) const;
+  void check_name_owner() const;
+  void unlink_own() noexcept;
 
   /// Whether the segment mapped at `base` (at least its first rank_ctl) belongs to a job whose
   /// rank 0 is still attached. Several ranks of a rerun may ask at once: the one that finds the
@@ -525,7 +541,10 @@ class shm {
 
   int rank_ = 0, n_ = 1;
   config cfg_;
+  std::string job_;   // as given (a split's or shrink's segment is named after it)
   std::string name_;
+  ino_t ino_ = 0;     // the segment this rank mapped: a name is unlinked only while it is still this one's
+  dev_t dev_ = 0;
   shm_layout::layout L_;
   std::byte* base_ = nullptr;
   std::size_t bytes_ = 0;

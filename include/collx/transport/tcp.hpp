@@ -215,7 +215,8 @@ class tcp {
     qp->rank = rank_;
     qp->size = n_;
     qp->job = detail::fnv1a(job_);
-    qp->tok = tcp_detail::rendezvous::token_field(token_);
+    qp->name = job_;
+    qp->secret = token_;
     qp->own = &board_[std::size_t(rank_)];
     net_.observe(tcp_detail::query_listing(std::move(qp)), board_.get());
   }

@@ -36,7 +36,7 @@ inline void shm::attach(const members_of* from) {
   while (!all_attached()) {
     if (from != nullptr) {
       if (const int k = from->gone(this); k >= 0) {
-        shm_unlink(name_.c_str());
+        unlink_own();
         fail_gone(*from, k, "before it attached");
       }
     }
@@ -44,19 +44,52 @@ inline void shm::attach(const members_of* from) {
       std::string missing;
       for (int q = 0; q < n_; ++q)
         if (rc(q).state.load() == 0) missing += (missing.empty() ? "" : ", ") + std::to_string(q);
-      shm_unlink(name_.c_str());
+      unlink_own();
       give_up(errc::timeout, who() + " timed out waiting for rank(s) " + missing + " to attach");
     }
     const std::uint32_t v = me().doorbell.word.load();
     if (!all_attached()) detail::futex_wait(me().doorbell.word, v, std::chrono::milliseconds(10), true);
   }
-  std::uint32_t zero = 0;
-  if (hdr().unlinked.compare_exchange_strong(zero, 1)) shm_unlink(name_.c_str());
+  if (rank_ == 0) unlink_own();  // its creator (docs/security.md)
   cpu_set_t job;
   CPU_ZERO(&job);
   for (int q = 0; q < n_; ++q) CPU_OR(&job, &job, &rc(q).cpus);
   spin_ = detail::spin_for(n_, std::max(1, CPU_COUNT(&job)));
   probe_single_copy(deadline);
+}
+
+/// Throws, naming the segment, its owner and the fix, unless `st` (the segment's) is this user's
+/// and grants group and others nothing: collx never joins, nor replaces, another user's segment.
+inline void shm::check_owner(const struct stat& st) const {
+  if (st.st_uid == ::geteuid() && (st.st_mode & 077) == 0) return;
+  std::string owner = "uid " + std::to_string(st.st_uid);
+  if (const passwd* pw = ::getpwuid(st.st_uid); pw != nullptr && pw->pw_name != nullptr) owner += " (" + std::string(pw->pw_name) + ")";
+  char mode[8];
+  std::snprintf(mode, sizeof mode, "%04o", unsigned(st.st_mode & 07777));
+  throw error(errc::invalid_argument,
+              who() + ": the segment /dev/shm" + name_ + " belongs to " + owner + ", mode " + mode + ", not to this user (uid " +
+                  std::to_string(::geteuid()) + ") alone: it was made by someone else under this job's name, and collx never joins "
+                  "or replaces it. Have its owner remove it, give the job another name (COLLX_JOB), or set COLLX_JOB_TOKEN, which "
+                  "makes the name one that others cannot know in advance (docs/security.md)");
+}
+
+/// The segment's name exists but this user may not open it (EACCES): its owner, named.
+inline void shm::check_name_owner() const {
+  struct stat st {};
+  if (::stat(("/dev/shm" + name_).c_str(), &st) == 0) check_owner(st);
+  throw error(errc::invalid_argument, who() + ": the segment " + name_ + " exists, and this user may not open it (another user's?): "
+                                          "collx never joins it; give the job another name (COLLX_JOB) or set COLLX_JOB_TOKEN");
+}
+
+/// Unlinks the segment's name if it still names the segment this rank mapped (not a later
+/// run's, not another user's).
+inline void shm::unlink_own() noexcept {
+  const int f = shm_open(name_.c_str(), O_RDONLY, 0);
+  if (f < 0) return;
+  struct stat st {};
+  const bool same = fstat(f, &st) == 0 && st.st_ino == ino_ && st.st_dev == dev_;
+  ::close(f);
+  if (same) shm_unlink(name_.c_str());
 }
 
 inline bool shm::creator_alive(std::byte* base) {
@@ -83,7 +116,9 @@ inline void shm::create(std::chrono::steady_clock::time_point deadline) {
   {  // a segment of this name already? Stale (its rank 0 is gone) is replaced; live is another job.
     shm_detail::shm_fd old(shm_open(name_.c_str(), O_RDWR, 0600));
     struct stat st {};
-    if (old.f >= 0 && fstat(old.f, &st) == 0 && std::size_t(st.st_size) >= prefix_bytes()) {
+    if (old.f < 0 && errno == EACCES) check_name_owner();
+    if (old.f >= 0 && fstat(old.f, &st) == 0) check_owner(st);
+    if (old.f >= 0 && std::size_t(st.st_size) >= prefix_bytes()) {
       shm_detail::mapping m;
       if (m.map(old.f, prefix_bytes()) &&
           reinterpret_cast<header*>(m.get())->magic.load(std::memory_order_acquire) == kMagic && creator_alive(m.get()))
@@ -91,10 +126,26 @@ inline void shm::create(std::chrono::steady_clock::time_point deadline) {
                                                 std::to_string(reinterpret_cast<rank_ctl*>(m.get() + layout::ranks_off())->pid) +
                                                 "): give each job its own COLLX_JOB");
     }
-    if (old.f >= 0) shm_unlink(name_.c_str());
+    if (old.f >= 0 && shm_unlink(name_.c_str()) != 0 && errno != ENOENT) sys_fail("cannot remove the stale segment of this name");
   }
   shm_detail::shm_fd fd(shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600));
-  if (fd.f < 0) sys_fail("cannot create the segment");
+  if (fd.f < 0) {
+    struct stat st {};
+    if (errno == EEXIST) {  // made meanwhile by someone else: whose?
+      shm_detail::shm_fd other(shm_open(name_.c_str(), O_RDONLY, 0600));
+      if (other.f < 0 && errno == EACCES) check_name_owner();
+      if (other.f >= 0 && fstat(other.f, &st) == 0) check_owner(st);
+      errno = EEXIST;
+    }
+    sys_fail("cannot create the segment");
+  }
+  {
+    struct stat st {};
+    if (fstat(fd.f, &st) == 0) {
+      ino_ = st.st_ino;
+      dev_ = st.st_dev;
+    }
+  }
   auto fail_unlink = [&](const std::string& what) {
     const int e = errno;
     shm_unlink(name_.c_str());
@@ -151,9 +202,12 @@ inline void shm::join(std::chrono::steady_clock::time_point deadline, const memb
       throw error(errc::timeout, who() + " timed out waiting for rank 0 to create the job's segment" +
                                      (saw_stale ? " (found one a crashed run left, which rank 0 replaces when it starts)" : ""));
     shm_detail::shm_fd fd(shm_open(name_.c_str(), O_RDWR, 0600));
+    if (fd.f < 0 && errno == EACCES) check_name_owner();
     if (fd.f < 0) continue;
     struct stat st {};
-    if (fstat(fd.f, &st) != 0 || std::size_t(st.st_size) < layout::ranks_off()) continue;
+    if (fstat(fd.f, &st) != 0) continue;
+    check_owner(st);  // (before a byte of it is read)
+    if (std::size_t(st.st_size) < layout::ranks_off()) continue;
     shm_detail::mapping m;
     if (!m.map(fd.f, layout::ranks_off())) continue;
     header& h = *reinterpret_cast<header*>(m.get());
@@ -180,6 +234,8 @@ inline void shm::join(std::chrono::steady_clock::time_point deadline, const memb
     if (!all.map(fd.f, bytes)) sys_fail("cannot map the segment");
     base_ = all.release();
     bytes_ = bytes;
+    ino_ = st.st_ino;
+    dev_ = st.st_dev;
     return;
   }
 }

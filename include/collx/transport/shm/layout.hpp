@@ -69,7 +69,7 @@ struct header {
   std::uint64_t slot_bytes;
   std::atomic<std::uint32_t> status;    // kCreating, kReady, kReserveFailed (then `why` says why)
   std::atomic<std::uint32_t> attached;  // ranks attached (or that read the failure)
-  std::atomic<std::uint32_t> unlinked;
+  std::atomic<std::uint32_t> unlinked_unused;  // (once: who unlinked the name; rank 0 does now)
   std::atomic<std::int32_t> first_failed;
   std::atomic<std::uint32_t> probed;      // ranks that have tried reading their peers' memory
   std::atomic<std::uint32_t> cma_failed;  // 1 if any rank could not

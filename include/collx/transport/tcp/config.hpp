@@ -1,6 +1,6 @@
 #pragma once
 // transport::tcp's configuration: where ranks meet, which interface they listen on, the job's
-// token, and the sockets' buffer sizes.
+// secret, and the sockets' buffer sizes.
 #include <chrono>
 #include <memory>
 #include <string>
@@ -24,8 +24,12 @@ struct tcp_config {
   std::shared_ptr<store> external_store;
   /// Interface to listen on (COLLX_SOCKET_IFNAME); empty: the one that routes to master_addr.
   std::string ifname = detail::env_string("COLLX_SOCKET_IFNAME");
-  /// The job's token (COLLX_JOB_TOKEN); empty: rank 0 draws one and hands it out through the store.
+  /// The job's secret (COLLX_JOB_TOKEN): every rank the same, at most 64 bytes. Empty: read from
+  /// token_file, else drawn for the job and passed through a private channel, else none
+  /// (tcp/secret.hpp). It never crosses the wire (tcp/auth.hpp).
   std::string token = detail::env_string("COLLX_JOB_TOKEN");
+  /// A file only this user can read that holds the secret (COLLX_JOB_TOKEN_FILE).
+  std::string token_file = detail::env_string("COLLX_JOB_TOKEN_FILE");
   /// Socket buffer sizes (SO_SNDBUF/SO_RCVBUF; COLLX_TCP_BUFFER_BYTES overrides, 0 keeps the
   /// kernel's autotuning). Measured on 127.0.0.1, 2 processes on 2 cores, 64 MiB all-reduce
   /// (tree), eight runs of `COLLX_TCP_BUFFER_BYTES=<b> collx-perf --transport tcp -np 2 -b 64M

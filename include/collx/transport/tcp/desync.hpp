@@ -4,14 +4,15 @@
 // tcp ranks share no memory, so no rank can read another's position (detail::position) as over
 // threads and shm. Instead each communicator's listening socket (kept for shrink) answers
 // queries: a rank that times out connects to every peer's listener, sends a query (the
-// communicator's hash and the job's token), and the peer answers with its position on that
+// communicator's hash, and a MAC keyed with the job's secret), and the peer answers with its position on that
 // communicator and where it is blocked on another, if it is. Every process with a tcp
 // communicator has one answering thread (`answerer`), which sleeps in poll on every listener
 // of its process (query_registry) and answers at any time, so a rank busy in its own code says
 // where it last was ("rank 3 is done with all_reduce #41") as over threads and shm; a rank
 // blocked in a collx call over tcp also serves the listeners in its poll loop. A stopped or hung
 // process does not answer ("does not answer"), a dead one refuses the connection ("gone"). A
-// connection that is not a query (a shrink's hello) is left unread, set aside for shrink.
+// shrink's hello whose MAC holds is left unread, set aside for shrink; anything else, and a
+// connection silent for 5 s, is closed (strangers cannot fill what is set aside).
 // Nothing of it is on the path of a call that does not wait: the listeners join a call's poll
 // only once it sleeps.
 #include <fcntl.h>
@@ -23,6 +24,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -31,6 +33,8 @@
 #include <vector>
 
 #include "../../core/flight_record.hpp"
+#include "auth.hpp"
+#include "proofs.hpp"
 #include "socket.hpp"
 #include "wire.hpp"
 
@@ -42,7 +46,8 @@ struct query_point {
   int listener = -1;
   int rank = 0, size = 1;
   std::uint64_t job = 0;
-  std::array<std::byte, tcp_wire::kTokenBytes> tok{};
+  std::string name;    // the communicator's job name
+  std::string secret;  // the job's (tcp/secret.hpp): a query carries a MAC keyed with it, never it
   const detail::position* own = nullptr;  // this rank's position on the communicator
   std::vector<int> parked;                // connections that were not queries (a shrink's hellos), for shrink
   struct pending_conn {
@@ -55,6 +60,9 @@ struct query_point {
   /// At most this many set aside: every peer's shrink hello fits, and past it connections stay
   /// in the listener's queue (never closed unread: a closed hello reads as a dead rank).
   std::size_t max_parked() const noexcept { return std::size_t(4 * size + 16); }
+  /// How long an accepted connection may take to say what it is (a shrink writes its hello as
+  /// soon as it is connected, a query likewise).
+  static constexpr std::chrono::seconds kPendingFor{5};
 
   query_point() = default;
   query_point(const query_point&) = delete;
@@ -245,20 +253,32 @@ inline bool servable(const query_point& p, net::clock::time_point now, pid_t me)
 /// What became of a connection accepted on a listener (classify).
 enum class conn_fate { answered, parked, closed, undecided };
 
+/// A position query's MAC (tcp/proofs.hpp).
+inline tcp_auth::mac query_mac(const query_point& p, const tcp_wire::position_query& q, int to) { return query_mac(p.secret, p.name, q, to); }
+
 /// Looks at what connection `f` on p's listener has sent, without waiting: a query is answered
-/// (5 ms at most for the answer) and closed; anything else is set aside unread (a shrink's
-/// hello: tcp/shrink.hpp reads it); nothing yet is undecided (its peer may not have written:
-/// the connection waits in `pending` for its bytes).
+/// (5 ms at most for the answer) and closed; a shrink's hello whose MAC holds is set aside
+/// unread (tcp/shrink.hpp reads it), anything else closed (a stranger cannot fill the places
+/// set aside); too little yet is undecided (its peer may not have written all: the connection
+/// waits in `pending` for its bytes, kPendingFor at most).
 inline conn_fate classify(query_point& p, int f) {
   tcp_wire::position_query q;
-  const ssize_t got = ::recv(f, &q, sizeof q, MSG_PEEK | MSG_DONTWAIT);
+  tcp_wire::shrink_hello h;
+  static_assert(sizeof h >= sizeof q);
+  const ssize_t got = ::recv(f, &h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
   if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return conn_fate::closed;
-  if (got >= 4 && q.magic != tcp_wire::kQueryMagic) return conn_fate::parked;
-  if (got != ssize_t(sizeof q)) return conn_fate::undecided;
+  if (got < 4) return conn_fate::undecided;
+  if (h.magic == tcp_wire::kShrinkHelloMagic) {
+    if (got < ssize_t(sizeof h)) return conn_fate::undecided;
+    return h.version == tcp_wire::kVersion && tcp_auth::same({h.mac, tcp_wire::kMac}, shrink_mac(p.secret, p.name, h, p.rank))
+               ? conn_fate::parked
+               : conn_fate::closed;
+  }
+  if (h.magic != tcp_wire::kQueryMagic) return conn_fate::closed;
+  if (got < ssize_t(sizeof q)) return conn_fate::undecided;
   (void)!::recv(f, &q, sizeof q, MSG_DONTWAIT);
-  if (tcp_wire::check_query(std::span<const std::byte, sizeof q>(reinterpret_cast<const std::byte*>(&q), sizeof q), p.rank, p.size, p.job,
-                            p.tok) &&
-      p.own != nullptr) {
+  if (tcp_wire::check_query(std::span<const std::byte, sizeof q>(reinterpret_cast<const std::byte*>(&q), sizeof q), p.rank, p.size, p.job) &&
+      tcp_auth::same({q.mac, tcp_wire::kMac}, query_mac(p, q, p.rank)) && p.own != nullptr) {
     const tcp_wire::position_answer a = answer_of(*p.own);
     (void)net::write_all(f, &a, sizeof a, net::clock::now() + std::chrono::milliseconds(5));
   }
@@ -281,8 +301,14 @@ inline void add_listeners(std::vector<pollfd>& pfd) {
   std::lock_guard g(r.mu);
   const auto now = net::clock::now();
   const pid_t me = ::getpid();
-  for (const query_point* p : r.all) {
+  for (query_point* p : r.all) {
     if (!served_here(*p, me)) continue;
+    // a connection that has not said what it is within kPendingFor is a stranger's: closed
+    std::erase_if(p->pending, [&](const query_point::pending_conn& c) {
+      if (now - c.since <= query_point::kPendingFor) return false;
+      ::close(c.fd);
+      return true;
+    });
     if (servable(*p, now, me)) pfd.push_back({p->listener, POLLIN, 0});
     for (const auto& c : p->pending) pfd.push_back({c.fd, POLLIN, 0});
   }
@@ -290,7 +316,7 @@ inline void add_listeners(std::vector<pollfd>& pfd) {
 
 /// After poll: serves the listeners and pending connections among pfd[from..] that are
 /// readable, a few new connections per listener (the caller is in a wait: serving must not hold
-/// it up). A pending connection silent for 200 ms is set aside like any that is not a query.
+/// it up). A pending connection silent for query_point::kPendingFor is closed.
 inline void serve_listeners(const std::vector<pollfd>& pfd, std::size_t from) {
   constexpr int kPerPass = 4;
   bool any = false;
@@ -325,7 +351,7 @@ inline void serve_listeners(const std::vector<pollfd>& pfd, std::size_t from) {
       const auto since = c->since;
       p.pending.erase(c);
       conn_fate fate = classify(p, fd);
-      if (fate == conn_fate::undecided && now - since > std::chrono::milliseconds(200)) fate = conn_fate::parked;
+      if (fate == conn_fate::undecided && now - since > query_point::kPendingFor) fate = conn_fate::closed;
       if (fate == conn_fate::undecided) p.pending.push_back({fd, since});
       else settle(p, fd, fate, now);
       break;
@@ -404,7 +430,8 @@ inline void ask_positions(const query_point& me, const std::vector<std::string>&
   query.rank = std::uint32_t(me.rank);
   query.size = std::uint32_t(me.size);
   query.job = me.job;
-  std::memcpy(query.token, me.tok.data(), me.tok.size());
+  const tcp_auth::nonce nonce = tcp_auth::fresh_nonce();
+  std::memcpy(query.nonce, nonce.data(), nonce.size());
   std::vector<pollfd> pf;
   std::vector<int> answered;
   std::vector<std::uint32_t> out_ms(std::size_t(me.size), 0);
@@ -422,6 +449,8 @@ inline void ask_positions(const query_point& me, const std::vector<std::string>&
         int err = 0;
         socklen_t el = sizeof err;
         getsockopt(k.s.get(), SOL_SOCKET, SO_ERROR, &err, &el);
+        const tcp_auth::mac m = query_mac(me, query, k.q);
+        std::memcpy(query.mac, m.data(), m.size());
         if (err != 0 || net::write_all(k.s.get(), &query, sizeof query, net::clock::now() + std::chrono::milliseconds(50)) != net::io::ok) {
           if (err != 0) mark(k.q, detail::position::kGone);
           k.s.reset();

@@ -35,6 +35,8 @@
 #include "../../core/error.hpp"
 #include "config.hpp"
 #include "socket.hpp"
+#include "auth.hpp"
+#include "secret.hpp"
 #include "store.hpp"
 #include "wire.hpp"
 
@@ -53,6 +55,13 @@ class rendezvous {
  public:
   rendezvous(std::string job, int rank, int n, tcp_config cfg, net::fd served)
       : job_(std::move(job)), rank_(rank), n_(n), cfg_(std::move(cfg)), served_(std::move(served)) {}
+  rendezvous(const rendezvous&) = delete;
+  rendezvous& operator=(const rendezvous&) = delete;
+  /// Every rank has read the secret's file by the time rank 0's rendezvous ends (each reads it
+  /// before it connects to rank 0), or the job failed: it goes either way.
+  ~rendezvous() {
+    if (!host_file_.empty()) ::unlink(host_file_.c_str());
+  }
 
   std::vector<conn>& peers() noexcept { return peers_; }
   /// The socket this rank accepted its peers on (after run() or run_split()): the transport
@@ -65,29 +74,41 @@ class rendezvous {
 
   std::string key(const std::string& what) const { return job_ + "/" + what; }
 
-  static std::string random_token() {
-    unsigned char b[32];
-    std::size_t got = 0;
-    while (got < sizeof b) {
-      const ssize_t k = getrandom(b + got, sizeof b - got, 0);
-      if (k < 0 && errno == EINTR) continue;
-      if (k <= 0) net::sys_fail("tcp: getrandom");
-      got += std::size_t(k);
-    }
-    static const char* hex = "0123456789abcdef";
-    std::string s;
-    for (unsigned char c : b) {
-      s += hex[c >> 4];
-      s += hex[c & 15];
-    }
-    return s;
-  }
+  /// 64 hex digits from the kernel's random source (a job's name or secret).
+  static std::string random_token() { return random_secret(); }
 
-  /// A token as the fixed-size field of a hello.
-  static std::array<std::byte, tcp_wire::kTokenBytes> token_field(const std::string& t) {
-    std::array<std::byte, tcp_wire::kTokenBytes> f{};
-    std::memcpy(f.data(), t.data(), std::min(t.size(), f.size()));
-    return f;
+  /// A store that is not the job's own (torch's, which any client may read) never holds the
+  /// secret. On one host rank 0 writes it into a file of this user's private directory under a
+  /// name drawn for the job, and publishes only that name and the secret's fingerprint: a rank
+  /// reads the file (this user's alone: a stranger who rewrites the name can point it only at
+  /// another of this user's files) and checks the fingerprint.
+  std::string host_secret_published(store& st, net::clock::time_point deadline) {
+    const std::string dir = private_dir();
+    if (rank_ == 0) {
+      const std::string secret = random_secret();
+      const std::string name = "tcp-" + random_secret().substr(0, 32) + ".secret";
+      write_private_file(dir + "/" + name, secret);
+      host_file_ = dir + "/" + name;
+      st.set(key("secret-file"), name + " " + tcp_auth::fingerprint(secret));
+      return secret;
+    }
+    for (;;) {
+      const auto v = st.get(key("secret-file"), deadline);
+      if (!v) throw error(errc::timeout, "tcp: rendezvous timed out at rank " + std::to_string(rank_) + ": rank 0 never published where the job's secret is in " +
+                                             st.where() + " (is rank 0 running in job \"" + job_ + "\"?)");
+      const auto sp = v->find(' ');
+      const std::string name = v->substr(0, sp);
+      const bool plain = !name.empty() && name.size() < 80 && name.find('/') == std::string::npos && name[0] != '.';
+      if (sp != std::string::npos && plain) {
+        if (auto t = read_private_file(dir + "/" + name, "remove it: collx writes it anew"); t && tcp_auth::fingerprint(*t) == v->substr(sp + 1))
+          return *t;
+      }
+      if (net::clock::now() >= deadline)
+        throw error(errc::timeout, "tcp: rendezvous of job \"" + job_ + "\" timed out at rank " + std::to_string(rank_) +
+                                       ": no file in " + dir + " holds the secret rank 0 published (\"" + *v +
+                                       "\"): is rank 0 on this host, with the same /tmp? Ranks on several hosts: set COLLX_JOB_TOKEN");
+      ::usleep(5000);
+    }
   }
 
   /// This host, so ranks can tell which of them share one (and its cores).
@@ -108,24 +129,56 @@ class rendezvous {
     if (cfg_.token.size() > tcp_wire::kTokenBytes)
       throw error(errc::invalid_argument, "tcp: COLLX_JOB_TOKEN has " + std::to_string(cfg_.token.size()) + " characters (at most " +
                                               std::to_string(tcp_wire::kTokenBytes) + ")");
+    // The secret, where the job was given one (tcp/secret.hpp: 1 and 2).
+    std::string secret = cfg_.token;
+    if (secret.empty() && !cfg_.token_file.empty()) {
+      auto t = read_private_file(cfg_.token_file, "COLLX_JOB_TOKEN_FILE must name a file of mode 0600 that only you own");
+      if (!t) throw error(errc::invalid_argument, "tcp: COLLX_JOB_TOKEN_FILE names " + cfg_.token_file + ", which does not exist");
+      secret = *t;
+    }
     // The store: rank 0 serves it (TCP), or a shared directory.
     std::unique_ptr<store_server> server;
     std::shared_ptr<store> st;  // the caller's (external_store), or one of the job's
     std::optional<net::address> master;
     if (!cfg_.master_addr.empty() && cfg_.master_port != 0) master = net::resolve(cfg_.master_addr, cfg_.master_port);
     else if (cfg_.external_store && !cfg_.master_addr.empty()) master = net::resolve(cfg_.master_addr, 1);  // a route, not a store
+    const bool one_host = secret.empty() && (job_on_one_host(cfg_.master_addr) || (master && master->is_loopback()));
+    // (5) none (a job across hosts, no store directory): said once, by rank 0; an error where
+    // the site asks for one.
+    if (secret.empty() && !one_host && cfg_.store_path.empty()) {
+      if (secret_required()) throw error(errc::invalid_argument, no_secret_warning(job_) + " [rank " + std::to_string(rank_) + "]");
+      if (rank_ == 0) std::fprintf(stderr, "collx %s\n", no_secret_warning(job_).c_str());
+    }
     if (cfg_.external_store) {
       st = cfg_.external_store;
+      if (secret.empty() && one_host) secret = host_secret_published(*st, deadline);
     } else if (!cfg_.store_path.empty()) {
-      auto fs = std::make_unique<file_store>(cfg_.store_path);
+      auto fs = std::make_unique<file_store>(cfg_.store_path, deadline);
       // A crashed run of this job may have left its keys: rank 0 removes them before it
       // publishes anything, and the others read the store only once rank 0 has (file_store::claim).
       if (rank_ == 0) fs->claim(job_);
       else fs->await_claim(job_, deadline, rank_);
+      // (3) its directory is this user's alone (file_store checks): the secret may be kept there
+      if (secret.empty()) {
+        if (rank_ == 0) {
+          secret = random_secret();
+          fs->set(key("secret"), secret);
+        } else {
+          auto t = fs->get(key("secret"), deadline);
+          if (!t) throw error(errc::timeout, "tcp: rendezvous timed out: rank 0 never wrote the job's secret into " + fs->where() +
+                                                 " (is rank 0 running in job \"" + job_ + "\"?)");
+          secret = *t;
+        }
+      }
       st = std::move(fs);
     } else {
       if (!master && !served_)
         throw error(errc::invalid_argument, "tcp: no rendezvous: give master_addr and master_port, or store_path");
+      // (4) one host: rank 0 keeps the secret in a file of this user's private directory, named
+      // after the store's address (one job at a time serves there), before its store serves.
+      const std::string host_file =
+          one_host && master ? private_dir() + "/tcp-" + tcp_auth::fingerprint(job_ + "\n" + cfg_.master_addr + ":" + std::to_string(cfg_.master_port)) + ".secret"
+                             : std::string();
       if (rank_ == 0) {
         net::fd l;
         if (served_) {
@@ -139,27 +192,41 @@ class rendezvous {
         at.len = sizeof at.ss;
         getsockname(l.get(), at.sa(), &at.len);
         if (!master) master = at;
-        server = std::make_unique<store_server>(std::move(l), cfg_.token);
+        if (!host_file.empty()) {
+          secret = random_secret();
+          write_private_file(host_file, secret);
+          host_file_ = host_file;
+        }
+        server = std::make_unique<store_server>(std::move(l), secret);
       } else if (!master) {
         throw error(errc::invalid_argument, "tcp: no rendezvous address for rank " + std::to_string(rank_));
       }
-      st = std::make_unique<tcp_store>(*master, cfg_.token, deadline);
-    }
-    // The token.
-    std::string token = cfg_.token;
-    if (token.empty()) {
-      if (rank_ == 0) {
-        token = random_token();
-        st->set(key("token"), token);
+      if (rank_ != 0 && !host_file.empty()) {
+        // The file may be a crashed run's until rank 0 has written this run's: a secret the
+        // store refuses is read again, until the deadline.
+        for (;;) {
+          auto t = read_private_file(host_file, "remove it: collx writes it anew");
+          if (t) {
+            try {
+              st = std::make_unique<tcp_store>(*master, *t, deadline);
+              secret = *t;
+              break;
+            } catch (const store_denied&) {
+              if (net::clock::now() >= deadline) throw;
+            }
+          } else if (net::clock::now() >= deadline) {
+            throw error(errc::timeout, "tcp: rendezvous of job \"" + job_ + "\" timed out at rank " + std::to_string(rank_) +
+                                           ": rank 0 never wrote the job's secret into " + host_file +
+                                           " (is rank 0 running on this host, with the same /tmp? Ranks on several hosts: set "
+                                           "COLLX_JOB_TOKEN)");
+          }
+          ::usleep(5000);
+        }
       } else {
-        auto t = st->get(key("token"), deadline);
-        if (!t) throw error(errc::timeout, "tcp: rendezvous timed out: rank 0 never published the job's token in " + st->where() +
-                                               " (is rank 0 running in job \"" + job_ + "\"?)");
-        token = *t;
+        st = std::make_unique<tcp_store>(*master, secret, deadline);
       }
     }
-    token_ = token;
-    const auto tok = token_field(token);
+    token_ = secret;
     // Listen, and publish where.
     net::address here;
     if (!cfg_.ifname.empty()) here = net::interface_address(cfg_.ifname);
@@ -202,7 +269,7 @@ class rendezvous {
       published[std::size_t(q)] = s;
     };
     for (int q = 0; q < rank_; ++q) fetch(q);
-    connect_mesh(listener, addr, tok, deadline);
+    connect_mesh(listener, addr, deadline);
     listener_ = std::move(listener);
     for (int q = rank_ + 1; q < n_; ++q) fetch(q);
     cpu_set_t host_cores;
@@ -271,7 +338,7 @@ class rendezvous {
       addr[std::size_t(q)] = net::parse_host_port(where[std::size_t(q)]);
       peers_[std::size_t(q)].where = where[std::size_t(q)];
     }
-    connect_mesh(listener, addr, token_field(token), deadline);
+    connect_mesh(listener, addr, deadline);
     listener_ = std::move(listener);
     size_buffers();
   }
@@ -323,16 +390,35 @@ class rendezvous {
       }
   }
 
-  /// Connects to every lower rank and admits every higher one, concurrently.
-  void connect_mesh(net::fd& listener, const std::vector<net::address>& addr, const std::array<std::byte, tcp_wire::kTokenBytes>& tok,
-                    net::clock::time_point deadline) {
-    struct outgoing { int peer; std::size_t got = 0; tcp_wire::verdict v; bool done = false; };
+  /// What the two ends of a connection from rank `from` to rank `to` prove they are for (the
+  /// MACs of tcp/auth.hpp cover it): this job, these two ranks.
+  static std::string context(const std::string& job, int from, int to, int n) {
+    return "rendezvous\n" + job + "\n" + std::to_string(from) + "\n" + std::to_string(to) + "\n" + std::to_string(n);
+  }
+  std::string context(int from, int to) const { return context(job_, from, to, n_); }
+
+  /// Connects to every lower rank and admits every higher one, concurrently. Each connection is
+  /// admitted by the exchange of tcp/auth.hpp: hello (the connector's nonce), challenge (the
+  /// acceptor's nonce and proof), proof (the connector's), verdict. The secret never crosses.
+  void connect_mesh(net::fd& listener, const std::vector<net::address>& addr, net::clock::time_point deadline) {
+    struct outgoing {
+      int peer;
+      tcp_wire::hello h;     // as sent: the proofs cover it
+      std::size_t got = 0;   // of the challenge (or of the verdict once proven)
+      tcp_wire::challenge c;
+      tcp_wire::verdict v;
+      bool proven = false;   // the acceptor's proof checked, this rank's sent: the verdict comes
+      bool done = false;
+    };
     struct incoming {
       net::fd s;
       std::string from;
-      std::size_t got = 0;
+      std::size_t got = 0;   // of the hello, then of the proof
       tcp_wire::hello h;
-      net::clock::time_point until;
+      tcp_wire::proof pr;
+      tcp_auth::nonce na{};
+      int peer = -1;         // once its hello is heard out: the rank it says it is
+      net::clock::time_point until;  // from accept: a stranger's bytes never extend it
       bool short_word = false;  // 1-3 bytes came, unread: not watched (they keep it readable), looked at every 10 ms
     };
     std::vector<outgoing> outs;
@@ -343,16 +429,18 @@ class rendezvous {
       if (gone) member_gone(q, "to connect to it");
       if (!s)
         throw error(errc::timeout, "tcp: rendezvous of job \"" + job_ + "\": " + who(rank_) + " could not connect to " + who(q) + " at " + addr[std::size_t(q)].str() + ": " + why);
-      tcp_wire::hello h;
-      h.rank = std::uint32_t(rank_);
-      h.size = std::uint32_t(n_);
-      std::memcpy(h.token, tok.data(), tok.size());
-      if (net::write_all(s.get(), &h, sizeof h, deadline) != net::io::ok)
+      outgoing o{q};
+      o.h.rank = std::uint32_t(rank_);
+      o.h.size = std::uint32_t(n_);
+      const tcp_auth::nonce nc = tcp_auth::fresh_nonce();
+      std::memcpy(o.h.nonce, nc.data(), nc.size());
+      if (net::write_all(s.get(), &o.h, sizeof o.h, deadline) != net::io::ok)
         throw error(errc::peer_lost, "tcp: rendezvous: " + who(q) + " at " + addr[std::size_t(q)].str() + " closed the connection" +
                                          member_failure(q, kFailureWait));
       peers_[std::size_t(q)].s = std::move(s);
-      outs.push_back(outgoing{q, 0, {}, false});
+      outs.push_back(o);
     }
+    auto bytes = [](const auto& x) { return std::span<const std::byte>(reinterpret_cast<const std::byte*>(&x), sizeof x); };
     std::vector<incoming> ins;
     int admitted = 0, verdicts = 0;
     const int expect_in = n_ - 1 - rank_;
@@ -381,23 +469,34 @@ class rendezvous {
       const std::size_t watch_at = pf.size();
       for (int q = rank_ + 1; q < n_; ++q)  // members yet to connect: their connections in the communicator split from
         pf.push_back({peers_[std::size_t(q)].s ? -1 : watched(q), POLLRDHUP, 0});
-      ::poll(pf.data(), pf.size(), any_short ? std::min(10, net::ms_until(deadline)) : net::ms_until(deadline));
+      // (a stranger's login deadline is looked at at least every 100 ms)
+      const int wait_ms = std::min(ins.empty() ? net::ms_until(deadline) : 100, net::ms_until(deadline));
+      ::poll(pf.data(), pf.size(), any_short ? std::min(10, wait_ms) : wait_ms);
       for (int q = rank_ + 1; q < n_; ++q)
         if ((pf[watch_at + std::size_t(q - rank_ - 1)].revents & net::kHangUp) != 0 && !peers_[std::size_t(q)].s)
           member_gone(q, "for its connection");
       if (pf[0].revents & POLLIN)
-        for (;;) {
+        for (int k = 0; k < kAcceptPerPass; ++k) {  // (bounded: the rest wait for the next pass)
           net::address a;
           a.len = sizeof a.ss;
           const int f = ::accept4(listener.get(), a.sa(), &a.len, SOCK_CLOEXEC | SOCK_NONBLOCK);
           if (f < 0) break;
           net::set_nodelay(f);
-          // A stranger that connects and says nothing is dropped after a few seconds.
-          ins.push_back({net::fd(f), a.str(), 0, {}, std::min(deadline, net::clock::now() + std::chrono::seconds(5))});
+          // A flood of strangers: the oldest connection not admitted yet makes room (a rank's
+          // exchange takes a round trip or two; the flood would have to outpace that).
+          if (ins.size() >= kMaxUnproven) {
+            auto oldest = std::min_element(ins.begin(), ins.end(), [](const incoming& x, const incoming& y) { return x.until < y.until; });
+            refuse(oldest->from, "too many connections that have not proven themselves: the oldest made room");
+            ins.erase(oldest);
+          }
+          // A stranger that connects and does not prove itself is dropped a few seconds after
+          // its connect (no byte it sends extends that).
+          ins.push_back({net::fd(f), a.str()});
+          ins.back().until = std::min(deadline, net::clock::now() + kLogin);
         }
       for (incoming& in : ins) {
         if (!in.s) continue;
-        if (in.got == 0) {
+        if (in.got == 0 && in.peer < 0) {
           // A peer already past its rendezvous may reach this rank still in its own: its shrink's
           // hello, or its query of this rank's position (a timeout's desync report). Neither is
           // for the rendezvous, which would refuse it as a stranger (and fail that peer's shrink):
@@ -414,25 +513,57 @@ class rendezvous {
           }
           if (in.short_word && net::clock::now() < in.until) continue;  // the rest of its first word comes
         }
-        const ssize_t k = ::recv(in.s.get(), reinterpret_cast<char*>(&in.h) + in.got, sizeof in.h - in.got, MSG_DONTWAIT);
+        char* into = in.peer < 0 ? reinterpret_cast<char*>(&in.h) : reinterpret_cast<char*>(&in.pr);
+        const std::size_t want = in.peer < 0 ? sizeof in.h : sizeof in.pr;
+        const ssize_t k = ::recv(in.s.get(), into + in.got, want - in.got, MSG_DONTWAIT);
         if (k > 0) in.got += std::size_t(k);
         const bool eof = k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
-        if (in.got < sizeof in.h) {
+        if (in.got < want) {
           if (eof || net::clock::now() >= in.until) {
-            refuse(in.from, eof ? "closed before its hello" : "sent no hello in time");
+            refuse(in.from, eof ? (in.peer < 0 ? "closed before its hello" : "closed before its proof")
+                                : (in.peer < 0 ? "sent no hello in time" : "sent no proof in time"));
             in.s.reset();
           }
           continue;
         }
-        int who = -1;
-        auto code = tcp_wire::check_hello(std::span<const std::byte, sizeof in.h>(reinterpret_cast<const std::byte*>(&in.h), sizeof in.h),
-                                          rank_, n_, tok, who);
-        if (code == tcp_wire::verdict_code::admitted && peers_[std::size_t(who)].s) code = tcp_wire::verdict_code::duplicate;
-        tcp_wire::verdict v;
-        v.code = std::uint32_t(code);
-        const bool sent = net::write_all(in.s.get(), &v, sizeof v, net::clock::now() + std::chrono::seconds(1)) == net::io::ok;
+        auto answer = [&](tcp_wire::verdict_code code) {
+          tcp_wire::verdict v;
+          v.code = std::uint32_t(code);
+          return net::write_all(in.s.get(), &v, sizeof v, net::clock::now() + std::chrono::seconds(1)) == net::io::ok;
+        };
+        if (in.peer < 0) {  // its hello: refused outright, or challenged
+          int who = -1;
+          const auto code = tcp_wire::check_hello(std::span<const std::byte, sizeof in.h>(reinterpret_cast<const std::byte*>(&in.h), sizeof in.h),
+                                                  rank_, n_, who);
+          if (code != tcp_wire::verdict_code::admitted) {
+            answer(code);
+            refuse(in.from, tcp_wire::describe(code));
+            in.s.reset();
+            continue;
+          }
+          tcp_wire::challenge c;
+          in.na = tcp_auth::fresh_nonce();
+          std::memcpy(c.nonce, in.na.data(), in.na.size());
+          const tcp_auth::mac m = tcp_auth::accept_proof(token_, context(who, rank_), bytes(in.h), in.na);
+          std::memcpy(c.mac, m.data(), m.size());
+          if (net::write_all(in.s.get(), &c, sizeof c, net::clock::now() + std::chrono::seconds(1)) != net::io::ok) {
+            refuse(in.from, "closed before its challenge");
+            in.s.reset();
+            continue;
+          }
+          in.peer = who;
+          in.got = 0;
+          continue;
+        }
+        // its proof
+        const tcp_auth::mac m = tcp_auth::connect_proof(token_, context(in.peer, rank_), bytes(in.h), in.na);
+        auto code = in.pr.magic == tcp_wire::kProofMagic && tcp_auth::same({in.pr.mac, tcp_wire::kMac}, m)
+                        ? tcp_wire::verdict_code::admitted
+                        : tcp_wire::verdict_code::bad_token;
+        if (code == tcp_wire::verdict_code::admitted && peers_[std::size_t(in.peer)].s) code = tcp_wire::verdict_code::duplicate;
+        const bool sent = answer(code);
         if (code == tcp_wire::verdict_code::admitted && sent) {
-          peers_[std::size_t(who)].s = std::move(in.s);
+          peers_[std::size_t(in.peer)].s = std::move(in.s);
           ++admitted;
         } else {
           refuse(in.from, tcp_wire::describe(code));
@@ -443,12 +574,51 @@ class rendezvous {
       for (outgoing& o : outs) {
         if (o.done) continue;
         conn& p = peers_[std::size_t(o.peer)];
-        const ssize_t k = ::recv(p.s.get(), reinterpret_cast<char*>(&o.v) + o.got, sizeof o.v - o.got, MSG_DONTWAIT);
+        // Before its proof is checked the acceptor sends a challenge (or a verdict refusing the
+        // hello outright: its first 8 bytes say which); after, the verdict.
+        char* into = o.proven ? reinterpret_cast<char*>(&o.v) : reinterpret_cast<char*>(&o.c);
+        std::size_t want = o.proven ? sizeof o.v : sizeof o.c;
+        if (!o.proven && o.got >= sizeof o.v) {
+          std::uint32_t magic = 0;
+          std::memcpy(&magic, &o.c, sizeof magic);
+          if (magic == tcp_wire::kVerdictMagic) want = sizeof o.v;
+        }
+        const ssize_t k = o.got < want ? ::recv(p.s.get(), into + o.got, want - o.got, MSG_DONTWAIT) : 0;
         if (k > 0) o.got += std::size_t(k);
-        else if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+        else if (o.got < want && (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)))
           throw error(errc::peer_lost, "tcp: rendezvous: " + who(o.peer) + " at " + p.where + " closed the connection before admitting " +
                                            who(rank_) + member_failure(o.peer, kFailureWait));
-        if (o.got < sizeof o.v) continue;
+        if (!o.proven && o.got >= sizeof o.v) {
+          std::uint32_t magic = 0;
+          std::memcpy(&magic, &o.c, sizeof magic);
+          if (magic == tcp_wire::kVerdictMagic) {  // refused before any proof
+            std::memcpy(&o.v, &o.c, sizeof o.v);
+            o.proven = true;
+            want = sizeof o.v;
+          } else if (magic != tcp_wire::kChallengeMagic) {
+            throw error(errc::transport_error, "tcp: rendezvous: garbage instead of a challenge from " + p.where + " (" + who(o.peer) + ")");
+          }
+        }
+        if (o.got < want) continue;
+        if (!o.proven) {
+          tcp_auth::nonce na;
+          std::memcpy(na.data(), o.c.nonce, na.size());
+          const std::string ctx = context(rank_, o.peer);
+          if (!tcp_auth::same({o.c.mac, tcp_wire::kMac}, tcp_auth::accept_proof(token_, ctx, bytes(o.h), na)))
+            throw error(errc::invalid_argument, "tcp: " + who(o.peer) + "'s address " + p.where + " answered " + who(rank_) +
+                                                    " without proof that it holds the job's secret (another job or another "
+                                                    "secret there: do both ranks run job \"" + job_ + "\" with the same "
+                                                    "COLLX_JOB_TOKEN?)");
+          tcp_wire::proof pr;
+          const tcp_auth::mac m = tcp_auth::connect_proof(token_, ctx, bytes(o.h), na);
+          std::memcpy(pr.mac, m.data(), m.size());
+          if (net::write_all(p.s.get(), &pr, sizeof pr, deadline) != net::io::ok)
+            throw error(errc::peer_lost, "tcp: rendezvous: " + who(o.peer) + " at " + p.where + " closed the connection before admitting " +
+                                             who(rank_) + member_failure(o.peer, kFailureWait));
+          o.proven = true;
+          o.got = 0;
+          continue;
+        }
         const auto code = tcp_wire::parse_verdict(std::span<const std::byte, sizeof o.v>(reinterpret_cast<const std::byte*>(&o.v), sizeof o.v));
         if (!code) throw error(errc::transport_error, "tcp: rendezvous: garbage instead of a verdict from " + p.where + " (" + who(o.peer) + ")");
         if (*code != tcp_wire::verdict_code::admitted)
@@ -463,16 +633,28 @@ class rendezvous {
     // for the communicator's listener too, never closed unread (a closed hello reads as a dead
     // rank). A stranger's is dropped there.
     for (incoming& in : ins)
-      if (in.s && in.got == 0 && early_.size() < max_early()) early_.push_back(std::move(in.s));
+      if (in.s && in.got == 0 && in.peer < 0 && early_.size() < max_early()) early_.push_back(std::move(in.s));
   }
   /// How long a member that closed its connection here is given to say why on its connection
   /// in the communicator split from (member_failure).
   static constexpr std::chrono::milliseconds kFailureWait{200};
   /// As many as the communicator's listener sets aside (tcp/desync.hpp, max_parked).
   std::size_t max_early() const noexcept { return std::size_t(4 * n_ + 16); }
+  /// New connections taken a pass of the loop; connections held that have not proven
+  /// themselves, at most; the time one has, from its connect, to do so.
+  static constexpr int kAcceptPerPass = 64;
+  static constexpr std::size_t kMaxUnproven = 256;
+  static constexpr std::chrono::seconds kLogin{5};
 
-  void refuse(const std::string& from, const char* why) const {
-    std::fprintf(stderr, "collx tcp: job \"%s\" rank %d refused a connection from %s: %s\n", job_.c_str(), rank_, from.c_str(), why);
+  /// Logs a refused connection (the first 32 of a rendezvous, then a count every 1024: a flood
+  /// does not flood stderr).
+  void refuse(const std::string& from, const char* why) {
+    ++refusals_;
+    if (refusals_ <= 32)
+      std::fprintf(stderr, "collx tcp: job \"%s\" rank %d refused a connection from %s: %s\n", job_.c_str(), rank_, from.c_str(), why);
+    else if (refusals_ % 1024 == 0)
+      std::fprintf(stderr, "collx tcp: job \"%s\" rank %d: %llu connections refused so far (the first 32 named above)\n", job_.c_str(), rank_,
+                   (unsigned long long)refusals_);
   }
 
   std::string job_;
@@ -483,7 +665,9 @@ class rendezvous {
   std::vector<net::fd> early_;
   std::vector<conn> peers_;
   bool crowded_ = false;
-  std::string token_;
+  std::string token_;      // the job's secret (empty: none, tcp/secret.hpp)
+  std::string host_file_;  // the file rank 0 kept it in for the other ranks of this host: removed with the rendezvous
+  std::uint64_t refusals_ = 0;
   std::vector<int> parent_;  // of a split: the members' ranks in the communicator split from
   std::vector<int> watch_;   // of a split: this rank's connections to them there (-1: none)
 };

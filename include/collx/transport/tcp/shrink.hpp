@@ -2,10 +2,11 @@
 // communicator::shrink over transport::tcp (core/split_plan.hpp): the survivors of a failure find
 // each other and agree on who they are, with nothing but what each rank keeps for it: the
 // socket it listens on (every communicator keeps its own, and its peers know where it is), and
-// the job's token.
+// the job's secret.
 //
 // Finding. Each survivor connects to every other rank's listener and sends a shrink hello
-// (its rank, the epoch, the communicator's job hash, the token). A rank whose process is gone
+// (its rank, the epoch, the communicator's job hash, a MAC keyed with the secret: never the
+// secret). A rank whose process is gone
 // has no listener: the connection is refused (or reset, if it died with the connection
 // queued), and the rank is dead. A live rank that has not called shrink yet leaves the
 // connection in its listener's queue (or, waiting in a call, sets it aside unread:
@@ -30,6 +31,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstddef>
 #include <cstring>
 #include <span>
 #include <string>
@@ -37,7 +39,9 @@
 
 #include "../../core/error.hpp"
 #include "../../core/split_plan.hpp"
+#include "auth.hpp"
 #include "config.hpp"
+#include "proofs.hpp"
 #include "rendezvous.hpp"
 #include "socket.hpp"
 #include "wire.hpp"
@@ -57,7 +61,7 @@ class shrinker {
   /// at `listener`), for shrink request q.
   shrinker(int rank, int n, const std::string& job, const std::string& token, std::vector<std::string> where, int listener,
            const shrink_request& q, const tcp_config& cfg, std::vector<net::fd> parked = {})
-      : me_(rank), n_(n), job_hash_(detail::fnv1a(job)), tok_(rendezvous::token_field(token)), where_(std::move(where)),
+      : me_(rank), n_(n), job_(job), job_hash_(detail::fnv1a(job)), secret_(token), where_(std::move(where)),
         listener_(listener), q_(q), cfg_(cfg), out_(std::size_t(n)), link_(std::size_t(n)), dead_(std::size_t(n), 0),
         in_ok_(std::size_t(n), 0), parked_(std::move(parked)) {}
 
@@ -83,6 +87,10 @@ class shrinker {
 
   [[noreturn]] void fail(errc c, const std::string& what) const { throw error(c, q_.what + ": " + what); }
 
+  /// A shrink hello's MAC (tcp/proofs.hpp). (A hello replayed in its own shrink meets the real
+  /// one, a duplicate; in any other, another epoch or communicator.)
+  tcp_auth::mac hello_mac(const tcp_wire::shrink_hello& h, int to) const { return shrink_mac(secret_, job_, h, to); }
+
   void mark_dead(int q) {
     dead_[std::size_t(q)] = 1;
     out_[std::size_t(q)].s.reset();
@@ -98,7 +106,10 @@ class shrinker {
     h.size = std::uint32_t(n_);
     h.epoch = q_.epoch;
     h.job = job_hash_;
-    std::memcpy(h.token, tok_.data(), tok_.size());
+    const tcp_auth::nonce n = tcp_auth::fresh_nonce();
+    std::memcpy(h.nonce, n.data(), n.size());
+    const tcp_auth::mac m = hello_mac(h, q);
+    std::memcpy(h.mac, m.data(), m.size());
     if (net::write_all(out_[std::size_t(q)].s.get(), &h, sizeof h, net::clock::now() + std::chrono::seconds(1)) != net::io::ok)
       return mark_dead(q);  // its connection closed as this rank said hello: the process died
     out_[std::size_t(q)].ph = out_phase::verdict;
@@ -180,13 +191,20 @@ class shrinker {
         if (pf[i].revents == 0) continue;
         const int w = who[i];
         if (w < 0) {
-          for (;;) {
+          for (int k = 0; k < rendezvous::kAcceptPerPass; ++k) {  // (bounded, as a rendezvous's)
             net::address a;
             a.len = sizeof a.ss;
             const int f = ::accept4(listener_, a.sa(), &a.len, SOCK_CLOEXEC | SOCK_NONBLOCK);
             if (f < 0) break;
             net::set_nodelay(f);
-            ins.push_back({net::fd(f), 0, {}, std::min(deadline, net::clock::now() + std::chrono::seconds(5))});
+            // a flood: the oldest not yet heard out makes room (closed here, removed after the pass)
+            if (std::count_if(ins.begin(), ins.end(), [](const in_conn& x) { return bool(x.s); }) >= std::ptrdiff_t(rendezvous::kMaxUnproven)) {
+              in_conn* oldest = nullptr;
+              for (in_conn& x : ins)
+                if (x.s && (oldest == nullptr || x.until < oldest->until)) oldest = &x;
+              oldest->s.reset();
+            }
+            ins.push_back({net::fd(f), 0, {}, std::min(deadline, net::clock::now() + rendezvous::kLogin)});
           }
         } else if (w < n_) {
           on_out(w);
@@ -231,6 +249,7 @@ class shrinker {
 
   /// A connection to this rank's listener: its hello, checked and answered.
   void on_in(in_conn& in) {
+    if (!in.s) return;
     const ssize_t k = ::recv(in.s.get(), reinterpret_cast<char*>(&in.h) + in.got, sizeof in.h - in.got, MSG_DONTWAIT);
     if (k > 0) in.got += std::size_t(k);
     const bool eof = k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
@@ -242,7 +261,7 @@ class shrinker {
     }
     int peer = -1;
     auto code = tcp_wire::check_shrink_hello(std::span<const std::byte, sizeof in.h>(reinterpret_cast<const std::byte*>(&in.h), sizeof in.h),
-                                             me_, n_, q_.epoch, job_hash_, tok_, peer);
+                                             me_, n_, q_.epoch, job_hash_, tcp_auth::same({in.h.mac, tcp_wire::kMac}, hello_mac(in.h, me_)), peer);
     if (code == tcp_wire::verdict_code::admitted) {
       // Its sender's deadline passed before this rank came: it said so after its hello.
       tcp_wire::verdict after;
@@ -360,8 +379,9 @@ class shrinker {
   }
 
   int me_, n_;
+  std::string job_;
   std::uint64_t job_hash_;
-  std::array<std::byte, tcp_wire::kTokenBytes> tok_;
+  std::string secret_;
   std::vector<std::string> where_;
   int listener_;
   const shrink_request& q_;

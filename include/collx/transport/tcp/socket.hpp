@@ -87,6 +87,15 @@ struct address {
     s += std::to_string(port());
     return s;
   }
+  /// 127.0.0.0/8 or ::1 (or ::ffff:127.x): this host only.
+  bool is_loopback() const noexcept {
+    if (family() == AF_INET) return (ntohl(reinterpret_cast<const sockaddr_in&>(ss).sin_addr.s_addr) >> 24) == 127;
+    if (family() == AF_INET6) {
+      const in6_addr& a = reinterpret_cast<const sockaddr_in6&>(ss).sin6_addr;
+      return IN6_IS_ADDR_LOOPBACK(&a) || (IN6_IS_ADDR_V4MAPPED(&a) && a.s6_addr[12] == 127);
+    }
+    return false;
+  }
   const sockaddr* sa() const noexcept { return reinterpret_cast<const sockaddr*>(&ss); }
   sockaddr* sa() noexcept { return reinterpret_cast<sockaddr*>(&ss); }
 };

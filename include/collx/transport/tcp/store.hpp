@@ -2,9 +2,12 @@
 // Rendezvous stores: where the ranks of a job find each other before any socket between them
 // exists. Two kinds, one interface (set, get-with-deadline, add):
 //   - store_server + tcp_store: a small key-value server run by rank 0 at MASTER_ADDR:MASTER_PORT
-//     (torchrun's env:// convention) and its client. When the job has a token
-//     (COLLX_JOB_TOKEN) a client must present it first, or it is refused and dropped.
-//   - file_store: files in a directory every rank can see (a shared file system).
+//     (torchrun's env:// convention) and its client. When the job has a secret (tcp/secret.hpp)
+//     a client must first prove that it holds it, and learns that the server does, by the
+//     challenge-response of tcp/auth.hpp (auth_begin, auth): the secret never crosses the wire,
+//     and a client that has not proven itself is refused anything else and dropped.
+//   - file_store: files in a directory every rank can see (a shared file system), which only
+//     the job's user may read (its owner and mode are checked).
 // store_core is the server's logic without sockets (what the fuzz target drives).
 #include <fcntl.h>
 #include <sys/file.h>
@@ -14,14 +17,14 @@
 #include <cstdio>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <optional>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "auth.hpp"
+#include "secret.hpp"
 #include "socket.hpp"
 #include "wire.hpp"
 
@@ -44,17 +47,26 @@ class store {
 
 // ---- the server's logic ------------------------------------------------------------------------
 
+/// A client could not prove it holds the job's secret (the store said so).
+class store_denied : public error {
+ public:
+  using error::error;
+};
+
 /// The key-value logic of store_server, one call per request, no I/O. A session starts
-/// unauthenticated when the store has a token; then only `auth` is accepted.
+/// unauthenticated when the store has a secret; then only the login (auth_begin, auth) is
+/// accepted.
 class store_core {
  public:
   /// Keys a store holds at most: a client cannot grow the server without bound.
   static constexpr std::size_t kMaxKeys = 1 << 16;
 
-  explicit store_core(std::string token = {}) : token_(std::move(token)) {}
+  explicit store_core(std::string secret = {}) : token_(std::move(secret)) {}
 
   struct session {
     bool authed = false;
+    bool challenged = false;  // auth_begin answered: nc and na hold the exchange's nonces
+    std::array<std::byte, tcp_auth::kNonce> nc{}, na{};
     std::string in;  // bytes received, not yet a whole request (bounded by the parser's limits)
   };
   struct reply {
@@ -88,13 +100,26 @@ class store_core {
     using tcp_wire::encode_store_reply;
     using tcp_wire::store_op;
     using tcp_wire::store_status;
-    if (r.op == store_op::auth) {
-      s.authed = !needs_auth() || tcp_wire::same_token({reinterpret_cast<const std::byte*>(r.value.data()), r.value.size()},
-                                                       {reinterpret_cast<const std::byte*>(token_.data()), token_.size()});
-      if (!s.authed) return {encode_store_reply(store_status::denied, {}), {}, true, "wrong job token"};
+    if (r.op == store_op::auth_begin) {  // the client's nonce: the server's, and its proof
+      if (s.challenged) return {encode_store_reply(store_status::bad_request, {}), {}, true, "a second login"};
+      std::memcpy(s.nc.data(), r.value.data(), s.nc.size());
+      s.na = tcp_auth::fresh_nonce();
+      s.challenged = true;
+      const tcp_auth::mac m = tcp_auth::accept_proof(token_, kContext, s.nc, s.na);
+      std::string v(reinterpret_cast<const char*>(s.na.data()), s.na.size());
+      v.append(reinterpret_cast<const char*>(m.data()), m.size());
+      return {encode_store_reply(store_status::ok, v), {}, false, {}};
+    }
+    if (r.op == store_op::auth) {  // the client's proof
+      if (!s.challenged) return {encode_store_reply(store_status::denied, {}), {}, true, "a proof without a challenge"};
+      s.challenged = false;  // (one proof per challenge)
+      s.authed = tcp_auth::same({reinterpret_cast<const std::byte*>(r.value.data()), r.value.size()},
+                                tcp_auth::connect_proof(token_, kContext, s.nc, s.na));
+      if (!s.authed) return {encode_store_reply(store_status::denied, {}), {}, true, "could not prove it holds the job's secret"};
       return {encode_store_reply(store_status::ok, {}), {}, false, {}};
     }
-    if (needs_auth() && !s.authed) return {encode_store_reply(store_status::denied, {}), {}, true, "no job token presented"};
+    if (needs_auth() && !s.authed)
+      return {encode_store_reply(store_status::denied, {}), {}, true, "asked before proving it holds the job's secret"};
     switch (r.op) {
       case store_op::set:
         if (kv_.size() >= kMaxKeys && !kv_.count(r.key)) return {encode_store_reply(store_status::bad_request, {}), {}, true, "store full"};
@@ -126,6 +151,9 @@ class store_core {
     return it == kv_.end() ? nullptr : &it->second;
   }
 
+  /// What a store login's proofs are bound to (tcp/auth.hpp).
+  static constexpr const char* kContext = "store";
+
  private:
   std::string token_;
   std::map<std::string, std::string> kv_;
@@ -134,11 +162,20 @@ class store_core {
 // ---- the server ----------------------------------------------------------------------------------
 
 /// Serves a store_core on a listening socket from a thread of its own until destroyed.
-/// Strangers (wrong or no token, garbage) are logged to stderr and disconnected.
+/// Strangers (a wrong proof, none, garbage) are logged to stderr and disconnected. A flood of
+/// them cannot keep a rank out: a client that has not proven itself within kLogin of its
+/// connect is dropped (no byte it sends extends that); when kMaxClients are connected a new
+/// connection takes the place of the oldest that has not proven itself (a rank's login takes
+/// a round trip or two, far less than the flood needs to push it out again); and one address
+/// may hold at most kPerAddress connections that have not.
 class store_server {
  public:
-  /// Clients served at once; more are refused until one leaves.
+  /// Clients served at once.
   static constexpr std::size_t kMaxClients = 1024;
+  /// Connections of one address that have not proven themselves, at most.
+  static constexpr std::size_t kPerAddress = 256;
+  /// How long a client has from its connect to prove it holds the job's secret.
+  static constexpr std::chrono::seconds kLogin{5};
 
   store_server(net::fd listener, std::string token) : listener_(std::move(listener)), core_(std::move(token)) {
     int p[2];
@@ -165,6 +202,7 @@ class store_server {
     std::vector<std::string> waiting;  // keys of gets not yet answered, in order
     bool closing = false;
     net::clock::time_point last;       // its last request
+    net::clock::time_point accepted;   // its connect
   };
 
   /// What one client may have outstanding: unsent replies and unanswered gets. Past either, the
@@ -186,7 +224,7 @@ class store_server {
     while (!stop_.load()) {
       pf.clear();
       pf.push_back({wake_r_.get(), POLLIN, 0});
-      pf.push_back({listener_.get(), short(cs.size() < kMaxClients ? POLLIN : 0), 0});
+      pf.push_back({listener_.get(), POLLIN, 0});
       for (const client& c : cs) pf.push_back({c.s.get(), short((may_read(c) ? POLLIN : 0) | (c.out.empty() ? 0 : POLLOUT)), 0});
       if (::poll(pf.data(), pf.size(), 1000) < 0 && errno != EINTR) break;
       const std::size_t polled = cs.size();  // clients accepted below were not in this poll
@@ -197,25 +235,77 @@ class store_server {
       if (pf[1].revents & POLLIN) accept_all(cs);
       answer_waiting(cs);
       const auto now = net::clock::now();
-      for (client& c : cs)
-        if (!c.closing && c.waiting.empty() && c.out.empty() && now - c.last > kIdle) {
-          if (!c.st.authed && core_.needs_auth())
-            std::fprintf(stderr, "collx tcp store: dropped %s: no job token presented in %d s\n", c.peer.c_str(), int(kIdle.count()));
+      for (client& c : cs) {
+        if (c.closing) continue;
+        if (unproven(c) && now - c.accepted > kLogin) {
+          refused(c.peer, "it did not prove it holds the job's secret within " + std::to_string(kLogin.count()) + " s of its connect");
+          c.closing = true;
+          c.out.clear();
+        } else if (c.waiting.empty() && c.out.empty() && now - c.last > kIdle) {
           c.closing = true;
         }
+      }
       std::erase_if(cs, [](const client& c) { return c.closing && c.out.empty(); });
     }
   }
 
+  /// A client that has not proven it holds the job's secret (with no secret: one that has
+  /// nothing outstanding, the nearest there is).
+  bool unproven(const client& c) const {
+    return core_.needs_auth() ? !c.st.authed : c.waiting.empty() && c.out.empty();
+  }
+  static std::string host_of(const std::string& peer) { return peer.substr(0, peer.rfind(':')); }
+
+  /// Takes the place of the oldest unproven client among those `among` selects (closed now);
+  /// false when there is none.
+  template <class Among>
+  bool evict_oldest(std::vector<client>& cs, Among among, const char* why) {
+    client* oldest = nullptr;
+    for (client& c : cs)
+      if (!c.closing && unproven(c) && among(c) && (oldest == nullptr || c.accepted < oldest->accepted)) oldest = &c;
+    if (oldest == nullptr) return false;
+    refused(oldest->peer, why);
+    oldest->closing = true;
+    oldest->out.clear();
+    oldest->s.reset();
+    return true;
+  }
+
+  /// A bounded number of new connections a wake-up (the listener stays readable for the rest).
   void accept_all(std::vector<client>& cs) {
-    while (cs.size() < kMaxClients) {
+    for (int k = 0; k < 64; ++k) {
       net::address a;
       a.len = sizeof a.ss;
       const int f = ::accept4(listener_.get(), a.sa(), &a.len, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (f < 0) return;
+      net::fd s(f);
       net::set_nodelay(f);
-      cs.push_back({net::fd(f), a.str(), {}, {}, {}, false, net::clock::now()});
+      const std::string peer = a.str(), host = host_of(peer);
+      std::size_t open = 0, from_host = 0;
+      for (const client& c : cs) {
+        if (c.closing) continue;
+        ++open;
+        from_host += unproven(c) && host_of(c.peer) == host;
+      }
+      if (from_host >= kPerAddress)
+        (void)evict_oldest(cs, [&](const client& c) { return host_of(c.peer) == host; }, "too many connections from its address that have not proven themselves");
+      else if (open >= kMaxClients && !evict_oldest(cs, [](const client&) { return true; }, "the store is full: the oldest that had not proven itself made room")) {
+        refused(peer, "the store is full of clients that proved themselves");
+        continue;
+      }
+      const auto now = net::clock::now();
+      cs.push_back({std::move(s), peer, {}, {}, {}, false, now, now});
     }
+  }
+
+  /// Logs a refused client (the first 32 of a server, then a count every 1024: a flood does not
+  /// flood stderr).
+  void refused(const std::string& peer, const std::string& why) {
+    ++refusals_;
+    if (refusals_ <= 32)
+      std::fprintf(stderr, "collx tcp store: refused %s: %s\n", peer.c_str(), why.c_str());
+    else if (refusals_ % 1024 == 0)
+      std::fprintf(stderr, "collx tcp store: %llu clients refused so far (the first 32 named above)\n", (unsigned long long)refusals_);
   }
 
   /// One read per wake-up, so one busy client cannot keep the others waiting.
@@ -230,7 +320,7 @@ class store_server {
           c.out += r.bytes;
           if (!r.waiting_for.empty()) c.waiting.push_back(r.waiting_for);
           if (r.drop) {
-            std::fprintf(stderr, "collx tcp store: refused %s: %s\n", c.peer.c_str(), r.why.c_str());
+            refused(c.peer, r.why);
             c.closing = true;
             c.st.in.clear();
             c.waiting.clear();
@@ -280,6 +370,7 @@ class store_server {
 
   net::fd listener_, wake_r_, wake_w_;
   store_core core_;
+  std::uint64_t refusals_ = 0;  // (the server's thread alone)
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };
@@ -289,7 +380,8 @@ class store_server {
 class tcp_store final : public store {
  public:
   /// Connects to the server at `at`, retrying until `deadline` (rank 0 may start last), and
-  /// presents `token` when it is not empty. Every request must finish by `deadline` (the
+  /// logs in with `secret` when it is not empty (tcp/auth.hpp: throws store_denied when the
+  /// server refuses the proof, errc::invalid_argument when the server cannot prove itself). Every request must finish by `deadline` (the
   /// rendezvous's). A connection the server dropped (idle, see store_server::kIdle) or that a
   /// get timed out on is made again for the next request.
   tcp_store(net::address at, std::string token, net::clock::time_point deadline)
@@ -316,7 +408,31 @@ class tcp_store final : public store {
     if (!s_)
       throw error(errc::timeout, "tcp: no rendezvous store at " + at_.str() + " (MASTER_ADDR:MASTER_PORT): " + why +
                                      "; is rank 0 running?");
-    if (!token_.empty()) exchange(tcp_wire::store_op::auth, "auth", token_, deadline_, false, false);
+    if (!token_.empty()) login();
+  }
+
+  /// The challenge-response of tcp/auth.hpp: this client's nonce, the server's nonce and proof
+  /// (checked: a stranger at MASTER_ADDR:MASTER_PORT learns nothing), this client's proof.
+  void login() {
+    const tcp_auth::nonce nc = tcp_auth::fresh_nonce();
+    const auto ch = exchange(tcp_wire::store_op::auth_begin, "auth", std::string(reinterpret_cast<const char*>(nc.data()), nc.size()),
+                             deadline_, false, false);
+    tcp_auth::nonce na{};
+    tcp_auth::mac their{};
+    if (!ch || ch->size() != na.size() + their.size()) {
+      s_.reset();
+      throw error(errc::transport_error, "tcp: garbage instead of a login challenge from the rendezvous store at " + at_.str());
+    }
+    std::memcpy(na.data(), ch->data(), na.size());
+    std::memcpy(their.data(), ch->data() + na.size(), their.size());
+    if (!tcp_auth::same(their, tcp_auth::accept_proof(token_, store_core::kContext, nc, na))) {
+      s_.reset();
+      throw error(errc::invalid_argument, "tcp: the rendezvous store at " + at_.str() +
+                                              " could not prove it holds the job's secret (another job's store, or another "
+                                              "secret: is MASTER_ADDR:MASTER_PORT right, and COLLX_JOB_TOKEN the same on every rank?)");
+    }
+    const tcp_auth::mac mine = tcp_auth::connect_proof(token_, store_core::kContext, nc, na);
+    exchange(tcp_wire::store_op::auth, "auth", std::string(reinterpret_cast<const char*>(mine.data()), mine.size()), deadline_, false, false);
   }
 
   std::optional<std::string> request(tcp_wire::store_op op, const std::string& key, const std::string& value,
@@ -354,10 +470,15 @@ class tcp_store final : public store {
     }
     std::string v(h->value_len, '\0');
     if (auto r = net::read_exact(s_.get(), v.data(), v.size(), deadline); r != net::io::ok) return lost(r);
+    if (h->status == std::uint32_t(tcp_wire::store_status::denied)) {
+      s_.reset();
+      throw store_denied(errc::invalid_argument, "tcp: the rendezvous store at " + at_.str() +
+                                                     " refused this rank: it could not prove it holds the job's secret "
+                                                     "(is COLLX_JOB_TOKEN the same on every rank?)");
+    }
     if (h->status != 0) {
       s_.reset();
-      throw error(errc::transport_error, "tcp: the rendezvous store at " + at_.str() + " refused this rank" +
-                                             (h->status == 1 ? " (wrong or missing COLLX_JOB_TOKEN)" : ""));
+      throw error(errc::transport_error, "tcp: the rendezvous store at " + at_.str() + " refused this rank's request");
     }
     return v;
   }
@@ -370,49 +491,70 @@ class tcp_store final : public store {
 
 // ---- the file store --------------------------------------------------------------------------------
 
-/// Keys are files in `dir` (created if missing), written whole and renamed into place, so a
-/// reader never sees half a value. add() serialises through flock on a lock file.
+/// Keys are files in `dir`, a directory only this user may use (created 0700 if missing; an
+/// existing one must be this user's and closed to group and others: the job's secret may be
+/// kept in it, tcp/secret.hpp). Values are written whole into a new file (O_EXCL|O_NOFOLLOW,
+/// mode 0600) and renamed into place, so a reader never sees half a value and no link planted
+/// in the directory is followed. add() serialises through flock on a lock file, waiting no
+/// longer than the rendezvous's deadline.
 class file_store final : public store {
  public:
-  explicit file_store(std::string dir) : dir_(std::move(dir)) {
+  explicit file_store(std::string dir, net::clock::time_point deadline = net::clock::time_point::max())
+      : dir_(std::move(dir)), deadline_(deadline) {
     if (dir_.empty()) throw error(errc::invalid_argument, "tcp: the file store needs a directory");
-    ::mkdir(dir_.c_str(), 0700);
-    struct stat st {};
-    if (::stat(dir_.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-      throw error(errc::invalid_argument, "tcp: file store \"" + dir_ + "\" is not a directory");
+    tcp_detail::ensure_private_dir(dir_, "give COLLX_STORE_PATH a directory of mode 0700 that only you own");
   }
 
   void set(const std::string& key, const std::string& value) override {
     const std::string f = file(key);
-    static std::atomic<unsigned> n{0};
-    const std::string tmp = f + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(n++);
-    {
-      std::ofstream o(tmp, std::ios::binary | std::ios::trunc);
-      o.write(value.data(), std::streamsize(value.size()));
-      if (!o) throw error(errc::transport_error, "tcp: cannot write " + tmp);
+    const std::string tmp = f + ".tmp." + tcp_detail::random_secret().substr(0, 16);
+    net::fd o(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+    if (!o) net::sys_fail("tcp: file store: cannot create " + tmp);
+    std::size_t done = 0;
+    while (done < value.size()) {
+      const ssize_t k = ::write(o.get(), value.data() + done, value.size() - done);
+      if (k < 0 && errno == EINTR) continue;
+      if (k <= 0) {
+        ::unlink(tmp.c_str());
+        net::sys_fail("tcp: file store: cannot write " + tmp);
+      }
+      done += std::size_t(k);
     }
-    if (std::rename(tmp.c_str(), f.c_str()) != 0) net::sys_fail("tcp: file store rename " + tmp);
+    if (std::rename(tmp.c_str(), f.c_str()) != 0) {
+      const int e = errno;
+      ::unlink(tmp.c_str());
+      errno = e;
+      net::sys_fail("tcp: file store rename " + tmp);
+    }
   }
 
   std::optional<std::string> get(const std::string& key, net::clock::time_point deadline) override {
     const std::string f = file(key);
     for (;;) {
-      std::ifstream i(f, std::ios::binary);
+      net::fd i(::open(f.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
       if (i) {  // read at most one byte more than a value may have: a huge file is refused, not loaded
         std::string v(tcp_wire::kMaxValue + 1, '\0');
-        i.read(v.data(), std::streamsize(v.size()));
-        v.resize(std::size_t(i.gcount()));
+        std::size_t got = 0;
+        for (;;) {
+          const ssize_t k = ::read(i.get(), v.data() + got, v.size() - got);
+          if (k < 0 && errno == EINTR) continue;
+          if (k <= 0) break;
+          got += std::size_t(k);
+          if (got == v.size()) break;
+        }
+        v.resize(got);
         if (v.size() > tcp_wire::kMaxValue) throw error(errc::transport_error, "tcp: file store value " + f + " is too large");
         return v;
       }
+      if (errno == ELOOP) throw error(errc::transport_error, "tcp: file store: " + f + " is a link (not followed)");
       if (net::clock::now() >= deadline) return std::nullopt;
       ::usleep(2000);
     }
   }
 
   std::int64_t add(const std::string& key, std::int64_t delta) override {
-    net::fd lock(::open((dir_ + "/.lock").c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600));
-    if (!lock || ::flock(lock.get(), LOCK_EX) != 0) net::sys_fail("tcp: file store lock in " + dir_);
+    net::fd lock = lock_file(".lock", "");
+    take(lock, LOCK_EX, "the store's lock");
     std::int64_t cur = 0;
     if (auto v = get(key, net::clock::now()); v) cur = std::strtoll(v->c_str(), nullptr, 10);
     cur += delta;
@@ -437,8 +579,7 @@ class file_store final : public store {
     }
     erase_prefix(job + "/");
     ready_ = lock_file(job, ".ready");
-    while (::flock(ready_.get(), LOCK_EX) != 0)
-      if (errno != EINTR) net::sys_fail("tcp: file store lock in " + dir_);
+    take(ready_, LOCK_EX, "job \"" + job + "\"'s lock");
   }
 
   /// Ranks but 0: waits (until `deadline`) for rank 0 to have claimed the store for `job`.
@@ -485,12 +626,23 @@ class file_store final : public store {
   }
   std::string file(const std::string& key) const { return dir_ + "/" + name(key); }
   net::fd lock_file(const std::string& job, const char* suffix) const {
-    const std::string f = dir_ + "/l" + name(job).substr(1) + suffix;  // not a key's name ("k..."): kept
-    net::fd l(::open(f.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0600));
+    const std::string f = job == ".lock" ? dir_ + "/.lock" : dir_ + "/l" + name(job).substr(1) + suffix;  // not a key's name ("k..."): kept
+    net::fd l(::open(f.c_str(), O_CREAT | O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0600));
     if (!l) net::sys_fail("tcp: file store lock " + f);
     return l;
   }
+  /// flock(how) on f, waiting no longer than the store's deadline.
+  void take(const net::fd& f, int how, const std::string& what) const {
+    for (;;) {
+      if (::flock(f.get(), how | LOCK_NB) == 0) return;
+      if (errno != EWOULDBLOCK && errno != EINTR) net::sys_fail("tcp: file store lock in " + dir_);
+      if (net::clock::now() >= deadline_)
+        throw error(errc::timeout, "tcp: " + where() + ": " + what + " was held past the rendezvous's deadline (another process holds it)");
+      ::usleep(1000);
+    }
+  }
   std::string dir_;
+  net::clock::time_point deadline_;
   net::fd owner_, ready_;  // claim(): held by rank 0 while the store is in use
 };
 

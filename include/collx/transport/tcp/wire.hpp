@@ -11,7 +11,11 @@
 //
 // Frames
 //   hello    connecting rank -> accepting rank, once per connection:
-//              magic "CXH1", version, rank, size, token[64]                       (80 bytes)
+//              magic "CXH1", version, rank, size, nonce[32], 0[32]                (80 bytes)
+//   challenge accepting rank -> connecting rank: magic "CXA1", 0, nonce[32], proof[32] (72 bytes)
+//            (or, for a hello refused outright, a verdict in its place)
+//   proof    connecting rank -> accepting rank: magic "CXA2", 0, proof[32]        (40 bytes)
+//            (the exchange and its proofs: tcp/auth.hpp; the secret is never sent)
 //   verdict  accepting rank -> connecting rank: magic "CXV1", code (0: admitted)  (8 bytes)
 //   message  one per send of a step: a header, then `bytes` of payload
 //              magic "CXM1", kind, bytes, the sender's call_signature          (136 bytes)
@@ -23,11 +27,11 @@
 //   store    request: magic "CXS1", op, key length, value length, key, value
 //            reply:   magic "CXT1", status, value length, value
 //   position (the desync report: tcp/desync.hpp) on a new connection to a rank's listener:
-//            query:  magic "CXQ1", version, rank, size, job hash, token[64]       (88 bytes)
+//            query:  magic "CXQ1", version, rank, size, job hash, nonce[32], mac[32] (88 bytes)
 //            answer: magic "CXP1", version, its position on that communicator: seq_state,
 //                    waiting_for, name[16], and where it is blocked elsewhere       (88 bytes)
 //   shrink   (communicator::shrink: tcp/shrink.hpp) on a new connection to a rank's listener:
-//            hello: magic "CXK1", version, rank, size, epoch, 0, job hash, token[64] (96 bytes),
+//            hello: magic "CXK1", version, rank, size, epoch, 0, job hash, nonce[32], mac[32] (96 bytes),
 //            answered by a verdict; then on the survivors' connections, rounds of
 //            view:  magic "CXW1", epoch, round, n, n bytes (1: rank alive), where[112]
 #include <sys/socket.h>
@@ -53,20 +57,17 @@ constexpr std::uint32_t fourcc(const char (&s)[5]) {
 inline constexpr std::uint32_t kHelloMagic = fourcc("CXH1"), kVerdictMagic = fourcc("CXV1"), kMsgMagic = fourcc("CXM1"),
                                kStoreReqMagic = fourcc("CXS1"), kStoreRepMagic = fourcc("CXT1"),
                                kShrinkHelloMagic = fourcc("CXK1"), kShrinkViewMagic = fourcc("CXW1"),
-                               kQueryMagic = fourcc("CXQ1"), kAnswerMagic = fourcc("CXP1");
-inline constexpr std::uint32_t kVersion = 2;  // 2: the call signature carries the entry time (flight recorder)
-/// A job token: up to this many bytes (COLLX_JOB_TOKEN, or 64 hex digits made by rank 0).
+                               kQueryMagic = fourcc("CXQ1"), kAnswerMagic = fourcc("CXP1"),
+                               kChallengeMagic = fourcc("CXA1"), kProofMagic = fourcc("CXA2");
+// 2: the call signature carries the entry time (flight recorder); 3: no secret on the wire
+// (challenge-response admission, tcp/auth.hpp)
+inline constexpr std::uint32_t kVersion = 3;
+/// A job secret: up to this many bytes (COLLX_JOB_TOKEN, COLLX_JOB_TOKEN_FILE, or 64 hex digits
+/// drawn for the job: tcp/secret.hpp).
 inline constexpr std::size_t kTokenBytes = 64;
+inline constexpr std::size_t kNonce = 32, kMac = 32;
 /// The longest reason an abort frame carries.
 inline constexpr std::size_t kMaxAbortReason = 512;
-
-/// Constant-time comparison, so a stranger cannot find the token byte by byte from timings.
-inline bool same_token(std::span<const std::byte> a, std::span<const std::byte> b) {
-  if (a.size() != b.size()) return false;
-  unsigned char d = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) d |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return d == 0;
-}
 
 // ---- hello / verdict --------------------------------------------------------------------------
 
@@ -75,9 +76,28 @@ struct hello {
   std::uint32_t version = kVersion;
   std::uint32_t rank = 0;
   std::uint32_t size = 0;
-  std::byte token[kTokenBytes] = {};
+  std::byte nonce[kNonce] = {};
+  std::byte reserved[32] = {};
 };
 static_assert(sizeof(hello) == 80);
+
+/// The accepting rank's answer to a hello it will hear out: its nonce, and its proof that it
+/// holds the job's secret (tcp/auth.hpp).
+struct challenge {
+  std::uint32_t magic = kChallengeMagic;
+  std::uint32_t reserved = 0;
+  std::byte nonce[kNonce] = {};
+  std::byte mac[kMac] = {};
+};
+static_assert(sizeof(challenge) == 72);
+
+/// The connecting rank's proof, once it has checked the accepting rank's.
+struct proof {
+  std::uint32_t magic = kProofMagic;
+  std::uint32_t reserved = 0;
+  std::byte mac[kMac] = {};
+};
+static_assert(sizeof(proof) == 40);
 
 enum class verdict_code : std::uint32_t {
   admitted = 0, bad_token = 1, bad_rank = 2, duplicate = 3, bad_version = 4, bad_epoch = 5,
@@ -93,7 +113,7 @@ static_assert(sizeof(verdict) == 8);
 inline const char* describe(verdict_code c) {
   switch (c) {
     case verdict_code::admitted: return "admitted";
-    case verdict_code::bad_token: return "wrong job token";
+    case verdict_code::bad_token: return "could not prove it holds the job's secret";
     case verdict_code::bad_rank: return "rank out of range or not expected to connect here";
     case verdict_code::duplicate: return "a connection from that rank already exists";
     case verdict_code::bad_version: return "not a collx peer of this version";
@@ -103,15 +123,13 @@ inline const char* describe(verdict_code c) {
   return "unknown verdict";
 }
 
-/// Checks a hello received by `my_rank` of a `my_size`-rank job with `token`. Only ranks above
-/// this one connect to it (the lower rank accepts).
-inline verdict_code check_hello(std::span<const std::byte, sizeof(hello)> raw, int my_rank, int my_size,
-                                std::span<const std::byte> token, int& peer) {
+/// Checks a hello received by `my_rank` of a `my_size`-rank job (the secret is checked after,
+/// by the exchange of proofs). Only ranks above this one connect to it (the lower rank accepts).
+inline verdict_code check_hello(std::span<const std::byte, sizeof(hello)> raw, int my_rank, int my_size, int& peer) {
   hello h;
   std::memcpy(&h, raw.data(), sizeof h);
   peer = -1;
   if (h.magic != kHelloMagic || h.version != kVersion) return verdict_code::bad_version;
-  if (!same_token({h.token, kTokenBytes}, token)) return verdict_code::bad_token;
   if (h.size != std::uint32_t(my_size) || h.rank >= std::uint32_t(my_size) || int(h.rank) <= my_rank)
     return verdict_code::bad_rank;
   peer = int(h.rank);
@@ -134,18 +152,18 @@ struct position_query {
   std::uint32_t rank = 0;
   std::uint32_t size = 0;
   std::uint64_t job = 0;  // hash of the communicator's job name
-  std::byte token[kTokenBytes] = {};
+  std::byte nonce[kNonce] = {};
+  std::byte mac[kMac] = {};  // over the fields before it and the asked rank, keyed with the secret
 };
 static_assert(sizeof(position_query) == 88);
 
-/// Whether a query is for the communicator (job hash `job`, `size` ranks, `token`) that
-/// `my_rank` is a rank of.
-inline bool check_query(std::span<const std::byte, sizeof(position_query)> raw, int my_rank, int my_size, std::uint64_t job,
-                        std::span<const std::byte> token) {
+/// Whether a query is for the communicator (job hash `job`, `size` ranks) that `my_rank` is a
+/// rank of (its MAC is checked by the caller: tcp/desync.hpp).
+inline bool check_query(std::span<const std::byte, sizeof(position_query)> raw, int my_rank, int my_size, std::uint64_t job) {
   position_query q;
   std::memcpy(&q, raw.data(), sizeof q);
-  return q.magic == kQueryMagic && q.version == kVersion && same_token({q.token, kTokenBytes}, token) && q.job == job &&
-         q.size == std::uint32_t(my_size) && q.rank < std::uint32_t(my_size) && int(q.rank) != my_rank;
+  return q.magic == kQueryMagic && q.version == kVersion && q.job == job && q.size == std::uint32_t(my_size) &&
+         q.rank < std::uint32_t(my_size) && int(q.rank) != my_rank;
 }
 
 struct position_answer {
@@ -187,19 +205,21 @@ struct shrink_hello {
   std::uint32_t epoch = 0;
   std::uint32_t reserved = 0;
   std::uint64_t job = 0;  // hash of the communicator's job name: another communicator's shrink is refused
-  std::byte token[kTokenBytes] = {};
+  std::byte nonce[kNonce] = {};
+  std::byte mac[kMac] = {};  // over the fields before it and the rank it is sent to, keyed with the secret
 };
 static_assert(sizeof(shrink_hello) == 96);
 
 /// Checks a shrink hello received by `my_rank` of a `my_size`-rank communicator in shrink
 /// `epoch`. Any other rank may connect (each connects to every other).
+/// `mac_ok`: its MAC checked out (tcp/shrink.hpp computes it).
 inline verdict_code check_shrink_hello(std::span<const std::byte, sizeof(shrink_hello)> raw, int my_rank, int my_size,
-                                       std::uint32_t epoch, std::uint64_t job, std::span<const std::byte> token, int& peer) {
+                                       std::uint32_t epoch, std::uint64_t job, bool mac_ok, int& peer) {
   shrink_hello h;
   std::memcpy(&h, raw.data(), sizeof h);
   peer = -1;
   if (h.magic != kShrinkHelloMagic || h.version != kVersion) return verdict_code::bad_version;
-  if (!same_token({h.token, kTokenBytes}, token)) return verdict_code::bad_token;
+  if (!mac_ok) return verdict_code::bad_token;
   if (h.size != std::uint32_t(my_size) || h.rank >= std::uint32_t(my_size) || int(h.rank) == my_rank) return verdict_code::bad_rank;
   if (h.epoch != epoch || h.job != job) return verdict_code::bad_epoch;
   peer = int(h.rank);
@@ -345,7 +365,9 @@ inline std::optional<std::string> peek_abort(int f) {
 
 // ---- store protocol ---------------------------------------------------------------------------
 
-enum class store_op : std::uint8_t { auth = 1, set = 2, get = 3, add = 4 };
+// auth_begin: the client's nonce (32 B), answered by the server's nonce and proof (64 B); auth:
+// the client's proof (32 B) (tcp/auth.hpp)
+enum class store_op : std::uint8_t { auth = 1, set = 2, get = 3, add = 4, auth_begin = 5 };
 enum class store_status : std::uint32_t { ok = 0, denied = 1, bad_request = 2 };
 
 inline constexpr std::size_t kMaxKey = 256;
@@ -393,10 +415,12 @@ inline store_parse parse_store_request(std::span<const std::byte> in) {
     return r;
   };
   if (h.magic != kStoreReqMagic) return bad("not a collx store request (bad magic)");
-  if (h.op < 1 || h.op > 4) return bad("unknown store operation " + std::to_string(h.op));
+  if (h.op < 1 || h.op > 5) return bad("unknown store operation " + std::to_string(h.op));
   if (h.key_len == 0 || h.key_len > kMaxKey) return bad("key of " + std::to_string(h.key_len) + " B (1.." + std::to_string(kMaxKey) + ")");
   if (h.value_len > kMaxValue) return bad("value of " + std::to_string(h.value_len) + " B (at most " + std::to_string(kMaxValue) + ")");
   if (store_op(h.op) == store_op::add && h.value_len != 8) return bad("add takes an 8-byte increment");
+  if ((store_op(h.op) == store_op::auth || store_op(h.op) == store_op::auth_begin) && h.value_len != 32)
+    return bad("a login step carries 32 bytes");
   const std::size_t need = sizeof h + std::size_t(h.key_len) + std::size_t(h.value_len);
   if (in.size() < need) return r;
   r.st = store_parse::status::ok;
