@@ -1,6 +1,6 @@
 #pragma once
 // Scratch things tests of processes and sockets share: a directory removed at the end of its
-// scope, and a capture of what this process writes to stderr.
+// scope, a capture of what this process writes to stderr, an environment variable for a scope.
 #include <fcntl.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -41,6 +41,14 @@ struct stderr_capture {
     close(saved);
     std::remove(path.c_str());
   }
+};
+
+/// Sets an environment variable for the scope (then unsets it).
+struct scoped_env {
+  std::string name;
+  scoped_env(std::string n, const char* v) : name(std::move(n)) { ::setenv(name.c_str(), v, 1); }
+  scoped_env(std::string n, const std::string& v) : scoped_env(std::move(n), v.c_str()) {}
+  ~scoped_env() { ::unsetenv(name.c_str()); }
 };
 
 }  // namespace collx_test

@@ -11,8 +11,10 @@
 #include <sstream>
 
 #include "harness.hpp"
+#include "scratch.hpp"
 
 using Catch::Matchers::Contains;
+using collx_test::scoped_env;
 
 namespace {
 std::string slurp(const std::filesystem::path& p) {
@@ -21,13 +23,6 @@ std::string slurp(const std::filesystem::path& p) {
   s << f.rdbuf();
   return s.str();
 }
-
-/// Sets a variable for the scope.
-struct scoped_env {
-  std::string name;
-  scoped_env(std::string n, const char* v) : name(std::move(n)) { ::setenv(name.c_str(), v, 1); }
-  ~scoped_env() { ::unsetenv(name.c_str()); }
-};
 
 template <class F>
 std::string error_of(F&& f) {

@@ -132,21 +132,13 @@ int store_reply(const net::address& at, const std::string& bytes) {
   return int(h.status);
 }
 
-/// Files left in this user's private directory whose names start with "tcp-".
-int secret_files_left() {
+/// Files left in `dir` whose names start with "tcp-".
+int secret_files_left(const std::string& dir) {
   int n = 0;
   std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(collx::transport::tcp_detail::private_dir(), ec))
-    n += e.path().filename().string().rfind("tcp-", 0) == 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) n += e.path().filename().string().rfind("tcp-", 0) == 0;
   return n;
 }
-
-/// A scoped environment variable.
-struct env_var {
-  std::string name;
-  env_var(const char* n, const std::string& v) : name(n) { ::setenv(n, v.c_str(), 1); }
-  ~env_var() { ::unsetenv(name.c_str()); }
-};
 
 }  // namespace
 
@@ -168,6 +160,8 @@ TEST_CASE("security: the MAC is HMAC-SHA-256 as RFC 4231 gives it, over length-f
 
 TEST_CASE("security: a stranger reads and writes nothing of a job's store, though the job was given no secret", "[security][tcp]") {
   // Before: with no COLLX_JOB_TOKEN the store checked nothing, and rank 0 wrote the token into it.
+  temp_dir mine;  // this test's private directory (others running at once use their own)
+  scoped_env private_dir("COLLX_PRIVATE_DIR", mine.path);
   auto listening = net::listen_on(net::resolve("127.0.0.1", 0));
   net::fd& l = listening.first;
   const net::address at = listening.second;
@@ -197,7 +191,7 @@ TEST_CASE("security: a stranger reads and writes nothing of a job's store, thoug
   stranger.join();
   for (const auto& e : err) CHECK(e == "");
   CHECK(asked == std::vector<int>{1, 1, 1});  // denied, each
-  CHECK(secret_files_left() == 0);            // rank 0's file for the others went with its rendezvous
+  CHECK(secret_files_left(mine.path) == 0);   // rank 0's file for the others went with its rendezvous
 }
 
 TEST_CASE("security: the job's secret never crosses the wire", "[security][tcp]") {
@@ -401,7 +395,7 @@ TEST_CASE("security: the secret is kept only where this user alone can read it",
     }
     temp_dir other;
     REQUIRE(::chown(other.path.c_str(), 65534, 65534) == 0);
-    env_var v("COLLX_PRIVATE_DIR", other.path);
+    scoped_env v("COLLX_PRIVATE_DIR", other.path);
     auto listening = net::listen_on(net::resolve("127.0.0.1", 0));
     tcp_config cfg;
     cfg.token.clear();
@@ -413,7 +407,7 @@ TEST_CASE("security: the secret is kept only where this user alone can read it",
   }
 }
 
-TEST_CASE("security: a job across hosts with no secret says so once, and COLLX_REQUIRE_SECRET=1 refuses it", "[security][tcp]") {
+TEST_CASE("security: a job across hosts with no secret says so once; COLLX_REQUIRE_SECRET=1 refuses it, and so does TLS", "[security][tcp]") {
   // A non-loopback address of this host stands for a network address: nothing says all ranks
   // run here.
   std::string ip;
@@ -446,10 +440,18 @@ TEST_CASE("security: a job across hosts with no secret says so once, and COLLX_R
     CHECK(t.find("without a secret") == t.rfind("without a secret"));  // once: rank 0
   }
   {
-    env_var v("COLLX_REQUIRE_SECRET", "1");
+    scoped_env v("COLLX_REQUIRE_SECRET", "1");
     auto listening = net::listen_on(net::resolve(ip, 0));
     const auto err = run_tcp_threads(2, "refused", cfg, listening.second, listening.first, [](auto&) {});
     CHECK_THAT(err[0], Contains("without a secret") && Contains("COLLX_REQUIRE_SECRET=1"));
+  }
+  {  // TLS keys its channels with the secret: none, no TLS
+    tcp_config c = cfg;
+    c.tls = true;
+    stderr_capture quiet;
+    auto listening = net::listen_on(net::resolve(ip, 0));
+    const auto err = run_tcp_threads(2, "tls-open", c, listening.second, listening.first, [](auto&) {});
+    CHECK_THAT(err[0], Contains("COLLX_TCP_TLS=1") && Contains("has none"));
   }
 }
 
@@ -629,4 +631,106 @@ TEST_CASE("security: a flood of strangers on the store does not keep a rank out"
   CHECK(rank1_s >= 0);
   CHECK(rank1_s < 1.0);
   CHECK_THAT(log.text(), Contains("collx tcp store: refused") && Contains("not proven themselves"));
+}
+
+TEST_CASE("security: with TLS the data crosses the wire encrypted, and every collective is right", "[security][tcp][tls]") {
+  loopback_capture probe;
+  if (!probe.usable()) {
+    WARN("skipped: no raw packet socket on the loopback interface (needs CAP_NET_RAW)");
+    return;
+  }
+  probe.finish();
+  const std::string canary = "collx-plaintext-canary-" + collx::transport::tcp_detail::random_secret().substr(0, 24);
+  auto run = [&](bool tls) {  // 3 processes: a broadcast of the canary, an all_reduce; the capture
+    loopback_capture cap;
+    tcp_config cfg;
+    cfg.token = "tls-secret-" + collx::transport::tcp_detail::random_secret().substr(0, 32);
+    cfg.tls = tls;
+    collx::launch_processes(
+        3,
+        [&](auto& comm) {
+          std::string b = comm.rank() == 0 ? canary : std::string(canary.size(), '?');
+          std::vector<char> v(b.begin(), b.end());
+          collx::broadcast(comm, std::span{v}, 0);
+          if (std::string(v.begin(), v.end()) != canary) throw std::runtime_error("the broadcast differs");
+          std::vector<std::int64_t> x(100003, comm.rank() + 1);  // (a large prime: many TLS records)
+          collx::all_reduce(comm, std::span{x}, collx::ops::sum{});
+          for (std::int64_t e : x)
+            if (e != 6) throw std::runtime_error("the all_reduce is wrong");
+        },
+        collx::options{}, cfg);
+    return cap.finish();
+  };
+  CHECK(run(false).find(canary) != std::string::npos);  // plain: the capture does see the data
+  CHECK(run(true).find(canary) == std::string::npos);   // TLS: it does not
+}
+
+TEST_CASE("security: a rank with TLS and one without do not make a job, and say why", "[security][tcp][tls]") {
+  temp_dir d;
+  tcp_config cfg;
+  cfg.store_path = d.path;
+  cfg.token = "tls-mismatch";
+  cfg.rendezvous_timeout = 3s;
+  std::string err[2];
+  std::thread r1([&] {
+    tcp_config c = cfg;
+    c.tls = false;
+    try {
+      collx::communicator<tcp> comm{tcp("mixed", 1, 2, c)};
+      std::vector<int> v(3, 1);
+      collx::all_reduce(comm, std::span{v}, collx::ops::sum{});
+    } catch (const std::exception& e) {
+      err[1] = e.what();
+    }
+  });
+  try {
+    tcp_config c = cfg;
+    c.tls = true;
+    tcp t("mixed", 0, 2, c);
+  } catch (const std::exception& e) {
+    err[0] = e.what();
+  }
+  r1.join();
+  CHECK_THAT(err[0], Contains("TLS handshake") && Contains("rank 1") && Contains("COLLX_TCP_TLS"));
+  CHECK(err[1] != "");
+}
+
+TEST_CASE("security: a shrink's hello answered by a process without the secret is not taken for the rank", "[security][tcp]") {
+  // Before: whoever held a dead rank's address could answer "admitted" and become that rank of
+  // the shrunk communicator. Rank 1's address here is a stranger's listener that does so.
+  auto [mine, mine_at] = net::listen_on(net::resolve("127.0.0.1", 0));
+  auto [theirs, theirs_at] = net::listen_on(net::resolve("127.0.0.1", 0));
+  std::thread stranger([&, l = theirs.get()] {
+    for (int i = 0; i < 500; ++i) {
+      const int f = ::accept4(l, nullptr, nullptr, SOCK_CLOEXEC);
+      if (f < 0) {
+        std::this_thread::sleep_for(10ms);
+        continue;
+      }
+      wire::shrink_hello h;
+      (void)!::recv(f, &h, sizeof h, MSG_WAITALL);
+      struct {
+        wire::verdict v;
+        std::byte mac[wire::kMac] = {};
+      } a;
+      (void)!::send(f, &a, sizeof a, MSG_NOSIGNAL);  // "admitted", and a proof it cannot make
+      std::this_thread::sleep_for(500ms);
+      ::close(f);
+      return;
+    }
+  });
+  collx::shrink_request q;
+  q.epoch = 1;
+  q.id = "k1";
+  q.timeout = 5s;
+  q.what = "shrink #1";
+  tcp_config cfg;
+  std::string err;
+  try {
+    collx::transport::tcp_detail::shrinker(0, 2, "imp#s", "the-secret", {"", theirs_at.str()}, mine.get(), q, cfg).run();
+  } catch (const std::exception& e) {
+    err = e.what();
+  }
+  stranger.join();
+  CHECK_THAT(err, Contains("does not prove it holds the job's secret") && Contains("rank 1"));
 }

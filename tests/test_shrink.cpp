@@ -28,6 +28,7 @@
 #include <collx/collx.hpp>
 
 #include "leaks.hpp"
+#include "scratch.hpp"
 
 namespace {
 
@@ -398,6 +399,17 @@ TEST_CASE("shrink over processes: 3 and 5 ranks, one SIGKILLed mid-step, the oth
       process_run(t, p, n);
     }
   }
+}
+
+TEST_CASE("shrink over processes: tcp with TLS, 5 ranks, one SIGKILLed mid-step, the others shrink and finish", "[processes][tls]") {
+  // (the shrunk communicator's connections are TLS channels too: tcp.hpp, shrink)
+  collx_test::scoped_env tls("COLLX_TCP_TLS", "1");
+  loop_plan p;
+  p.steps = 12;
+  p.victims = {2};
+  p.kill_steps = {5};
+  p.seed = 11;
+  process_run("tcp", p, 5);
 }
 
 TEST_CASE("shrink over processes: 8 ranks, two SIGKILLed, in one step or in two, the others finish", "[processes]") {

@@ -38,6 +38,14 @@ TEMPLATE_TEST_CASE("over tcp: data-moving collectives deliver every block", "[tc
   check_moving_matrix<processes_tcp, TestType>();
 }
 
+TEST_CASE("over tcp with TLS: collectives equal the serial reference", "[tcp][tls]") {
+  scoped_env tls("COLLX_TCP_TLS", "1");  // (launch_processes draws the job's secret, which keys TLS)
+  REQUIRE(collx::transport::tcp_config{}.tls);
+  check_reducing_matrix<processes_tcp, algo::automatic>();
+  check_moving_matrix<processes_tcp, algo::ring>();
+  CHECK(run_all_to_all_v<processes_tcp>(5) == "");
+}
+
 TEST_CASE("over tcp: every dtype and op, and all_to_all_v with uneven blocks", "[tcp]") {
   for (int n : {3, 5}) {
     check_dtypes_and_ops<processes_tcp>(n);
@@ -426,13 +434,16 @@ TEST_CASE("over tcp: a shrink's hello or a position query that reaches a rank st
   // Rank 0 waits in its rendezvous for rank 1: as rank 1 would once it is past its own, this
   // says a shrink's hello to rank 0, and asks rank 0 where it is.
   net::fd hello = connect_to_rank(d.path, "early", 0);
+  // (what a shrink's hello and a query prove is bound to the run's name, which rank 0 drew)
+  const auto session = collx::transport::file_store(d.path).get("early/session", net::clock::now() + 10s);
+  REQUIRE(session);
+  const std::string proven = "early#" + *session;
   wire::shrink_hello h;
   h.rank = 1;
   h.size = 2;
   h.epoch = 1;
-  h.job = collx::detail::fnv1a("early");
-  const auto hm = collx::transport::tcp_auth::compute(
-      cfg.token, {"collx/shrink/1", "early", collx::transport::tcp_auth::part::of(&h, offsetof(wire::shrink_hello, mac)), "0"});
+  h.job = collx::detail::fnv1a(proven);
+  const auto hm = collx::transport::tcp_detail::shrink_mac(cfg.token, proven, h, 0);
   std::memcpy(h.mac, hm.data(), hm.size());
   REQUIRE(net::write_all(hello.get(), &h, sizeof h, net::clock::now() + 5s) == net::io::ok);
   net::fd query = connect_to_rank(d.path, "early", 0);
@@ -440,8 +451,7 @@ TEST_CASE("over tcp: a shrink's hello or a position query that reaches a rank st
   q.rank = 1;
   q.size = 2;
   q.job = collx::detail::fnv1a("early");
-  const auto qm = collx::transport::tcp_auth::compute(
-      cfg.token, {"collx/query/1", "early", collx::transport::tcp_auth::part::of(&q, offsetof(wire::position_query, mac)), "0"});
+  const auto qm = collx::transport::tcp_detail::query_mac(cfg.token, proven, q, 0);
   std::memcpy(q.mac, qm.data(), qm.size());
   REQUIRE(net::write_all(query.get(), &q, sizeof q, net::clock::now() + 5s) == net::io::ok);
   // And one that has said nothing yet when the rendezvous ends (a shrink writes its hello once

@@ -44,8 +44,8 @@ def load(verbose=None):
         sources=sources,
         extra_include_paths=[_include],
         extra_cflags=["-std=c++20", "-O2", "-Wno-deprecated-declarations"],
-        # transport::tcp's admission: HMAC-SHA-256 from OpenSSL (libssl-dev)
-        extra_ldflags=["-lcrypto"],
+        # transport::tcp's admission (HMAC-SHA-256) and TLS: OpenSSL (libssl-dev)
+        extra_ldflags=["-lssl", "-lcrypto"],
         build_directory=build_directory(),
         verbose=verbose,
     )

@@ -43,6 +43,7 @@ inline constexpr variable variables[] = {
      "challenge-response), it is never sent; unset: COLLX_JOB_TOKEN_FILE, else one drawn for the job and passed privately "
      "where that is possible (docs/security.md)"},
     {"COLLX_JOB_TOKEN_FILE", "path", "tcp: a file of mode 0600, this user's, that holds the job's secret"},
+    {"COLLX_TCP_TLS", "0 or 1", "tcp: 1 encrypts every connection between ranks with TLS 1.3, keyed with the job's secret (docs/security.md); default 0"},
     {"COLLX_REQUIRE_SECRET", "0 or 1", "tcp: 1 makes a job that would run without a secret (across hosts, none given) fail instead of warning"},
     {"COLLX_PRIVATE_DIR", "directory",
      "tcp: where a job on one host keeps the secret it drew for its ranks (mode 0700, this user's); default /tmp/collx-<uid>"},

@@ -207,6 +207,14 @@ void block(C& c, St& s) {
   const call_info& call = *s.call;
   const char* what = "";
   const int p = first_pending(c, s, what);
+  if (call.call_timeout.count() > 0) {  // the whole call's deadline, looked at before any spin
+    bool whole = false;
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= call.deadline(now, whole) && whole) {
+      if constexpr (requires { c.before_timeout(call); }) c.before_timeout(call);
+      call.timed_out(p, what, true);
+    }
+  }
   detail::timed_wait tw(call, p);
   const waiting w = c.spinning();
   using clock = std::chrono::steady_clock;

@@ -52,6 +52,7 @@ class tcp {
     tcp_detail::rendezvous r(std::move(job), rank, size, std::move(cfg), std::move(served));
     r.run();
     token_ = r.token();
+    session_ = r.session();
     crowded_ = r.crowded();
     listener_ = std::move(r.listener());
     net_ = tcp_detail::streams(std::move(r.peers()), r.crowded());
@@ -86,6 +87,7 @@ class tcp {
     t.job_ = job_ + "." + p.id;
     t.cfg_ = cfg_;
     t.token_ = token_;
+    t.session_ = session_;
     t.crowded_ = crowded_;
     std::vector<net::fd> early;
     if (p.size > 1) {
@@ -113,6 +115,7 @@ class tcp {
     t.job_ = job_ + "." + q.id;
     t.cfg_ = cfg_;
     t.token_ = token_;
+    t.session_ = session_;
     t.crowded_ = crowded_;
     if (n_ == 1) {
       members = {0};
@@ -125,10 +128,13 @@ class tcp {
     for (int p = 0; p < n_; ++p)
       if (p != rank_) where[std::size_t(p)] = net_.where(p);
     tcp_detail::shrunk s =
-        tcp_detail::shrinker(rank_, n_, job_, token_, std::move(where), listener_.get(), q, cfg_, net_.take_parked()).run();
+        tcp_detail::shrinker(rank_, n_, proven_name(), token_, std::move(where), listener_.get(), q, cfg_, net_.take_parked()).run();
     members = s.members;
     t.rank_ = int(std::find(members.begin(), members.end(), rank_) - members.begin());
     t.n_ = int(members.size());
+    if (cfg_.tls)
+      tcp_detail::secure(s.peers, t.rank_, t.n_, token_, "shrink", t.job_, net::clock::now() + cfg_.rendezvous_timeout,
+                         [&](int m) { return q.what + ": rank " + std::to_string(m) + " of the shrunk communicator"; });
     t.listener_ = std::move(s.listener);
     t.net_ = tcp_detail::streams(std::move(s.peers), crowded_);
     t.observe_positions();
@@ -148,7 +154,7 @@ class tcp {
 
   tcp(tcp&& o) noexcept
       : rank_(o.rank_), n_(o.n_), job_(std::move(o.job_)), cfg_(std::move(o.cfg_)), token_(std::move(o.token_)),
-        crowded_(o.crowded_), listener_(std::move(o.listener_)), board_(std::move(o.board_)), net_(std::move(o.net_)),
+        session_(std::move(o.session_)), crowded_(o.crowded_), listener_(std::move(o.listener_)), board_(std::move(o.board_)), net_(std::move(o.net_)),
         moved_from_(false) {
     o.moved_from_ = true;
   }
@@ -160,6 +166,7 @@ class tcp {
       job_ = std::move(o.job_);
       cfg_ = std::move(o.cfg_);
       token_ = std::move(o.token_);
+      session_ = std::move(o.session_);
       crowded_ = o.crowded_;
       // net_ first: its query point (on this listener, pointing into this board) is unlisted
       // before either goes
@@ -203,6 +210,9 @@ class tcp {
 
  private:
   tcp() = default;
+  /// What a shrink's hello and a position query on this communicator prove they are for: its
+  /// name and the run's (tcp/proofs.hpp).
+  std::string proven_name() const { return job_ + "#" + session_; }
   /// The board, and this communicator's query point on its listener (tcp/desync.hpp).
   void observe_positions(std::vector<net::fd> early = {}) {
     board_ = std::make_unique<detail::position[]>(std::size_t(n_));
@@ -215,7 +225,7 @@ class tcp {
     qp->rank = rank_;
     qp->size = n_;
     qp->job = detail::fnv1a(job_);
-    qp->name = job_;
+    qp->name = proven_name();
     qp->secret = token_;
     qp->own = &board_[std::size_t(rank_)];
     net_.observe(tcp_detail::query_listing(std::move(qp)), board_.get());
@@ -224,6 +234,7 @@ class tcp {
   std::string job_;
   config cfg_;
   std::string token_;
+  std::string session_;  // the run's name (rendezvous.hpp, session())
   bool crowded_ = false;
   net::fd listener_;  // where this rank accepted its peers: a shrink finds it there, a timeout's query too
   std::unique_ptr<detail::position[]> board_;  // positions(); before net_, which points into it

@@ -88,7 +88,7 @@ inline engine::moved streams::try_recv(step& s, std::size_t i) {
       to = b.data() + st.fill;
       room = std::min(b.size() - st.fill, d.bytes - st.off - st.fill);
     }
-    const ssize_t r = ::recv(p.s.get(), to, room, MSG_DONTWAIT);
+    const ssize_t r = rd(p, to, room);
     if (r > 0) {
       moved = true;
       if (d.how == combine::copy) {
@@ -153,10 +153,7 @@ inline bool streams::write_frame(peer& p, int q, const tcp_wire::msg_header& h, 
       iov[k++] = {const_cast<std::byte*>(at), len};
       poff += len;
     }
-    msghdr m{};
-    m.msg_iov = iov;
-    m.msg_iovlen = std::size_t(k);
-    const ssize_t w = ::sendmsg(p.s.get(), &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const ssize_t w = wr(p, iov, k);
     if (w > 0) {
       off += std::size_t(w);
       p.mid_send = off < sizeof h + bytes;  // the stream is inside a frame until it is all written
@@ -164,7 +161,12 @@ inline bool streams::write_frame(peer& p, int q, const tcp_wire::msg_header& h, 
       continue;
     }
     if (w < 0 && errno == EINTR) continue;
-    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      // TLS has sealed the record it could not send: only this frame, from this offset, may be
+      // written next on this stream (OpenSSL's rule for a retried write)
+      if (p.tls) p.mid_send = true;
+      break;
+    }
     const int e = errno;
     scan_aborts(call);  // a peer that failed closed its end after saying why
     lost(q, call, std::string("sending to it failed: ") + std::strerror(e));

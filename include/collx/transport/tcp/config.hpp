@@ -28,6 +28,9 @@ struct tcp_config {
   /// token_file, else drawn for the job and passed through a private channel, else none
   /// (tcp/secret.hpp). It never crosses the wire (tcp/auth.hpp).
   std::string token = detail::env_string("COLLX_JOB_TOKEN");
+  /// Every connection between two ranks encrypted and authenticated by TLS 1.3, keyed with the
+  /// job's secret (COLLX_TCP_TLS=1; tcp/tls.hpp): for a network you do not trust.
+  bool tls = detail::env_int("COLLX_TCP_TLS", 0ll, 1ll, 0) != 0;
   /// A file only this user can read that holds the secret (COLLX_JOB_TOKEN_FILE).
   std::string token_file = detail::env_string("COLLX_JOB_TOKEN_FILE");
   /// Socket buffer sizes (SO_SNDBUF/SO_RCVBUF; COLLX_TCP_BUFFER_BYTES overrides, 0 keeps the

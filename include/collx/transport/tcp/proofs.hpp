@@ -19,4 +19,12 @@ inline tcp_auth::mac shrink_mac(const std::string& secret, const std::string& co
   return tcp_auth::compute(secret, {"collx/shrink/1", comm, tcp_auth::part::of(&h, offsetof(tcp_wire::shrink_hello, mac)), std::to_string(to)});
 }
 
+/// The answer to a shrink hello proves its sender too: a MAC over the whole hello (the
+/// connector's fresh nonce in it), the answering rank and its verdict. Whoever holds a dead
+/// rank's address without the secret cannot answer in its place.
+inline tcp_auth::mac shrink_answer_mac(const std::string& secret, const std::string& comm, const tcp_wire::shrink_hello& h, int from,
+                                       std::uint32_t code) {
+  return tcp_auth::compute(secret, {"collx/shrink-answer/1", comm, tcp_auth::part::of(&h, sizeof h), std::to_string(from), std::to_string(code)});
+}
+
 }  // namespace collx::transport::tcp_detail

@@ -38,6 +38,7 @@
 #include "auth.hpp"
 #include "secret.hpp"
 #include "store.hpp"
+#include "tls.hpp"
 #include "wire.hpp"
 
 namespace collx::transport::tcp_detail {
@@ -46,7 +47,28 @@ namespace collx::transport::tcp_detail {
 struct conn {
   net::fd s;
   std::string where;
+  tls_link tls;  // its TLS end, when the job encrypts (tcp/tls.hpp)
 };
+
+/// With tcp_config::tls: every connection of `peers` (peer q's at [q]) becomes a TLS channel,
+/// keyed with `secret`, bound to `what` (rendezvous, split or shrink), the communicator `job`
+/// of `n` ranks, and the pair.
+template <class Who>
+void secure(std::vector<conn>& peers, int rank, int n, const std::string& secret, const std::string& what, const std::string& job,
+            net::clock::time_point deadline, Who who) {
+  std::vector<int> socks(peers.size(), -1);
+  for (std::size_t q = 0; q < peers.size(); ++q)
+    if (peers[q].s) socks[q] = peers[q].s.get();
+  std::vector<tls_link> links;
+  secure_all(
+      socks, links, rank, secret,
+      [&](int q) {
+        return what + "\n" + job + "\n" + std::to_string(std::min(rank, q)) + "\n" + std::to_string(std::max(rank, q)) + "\n" +
+               std::to_string(n);
+      },
+      who, deadline);
+  for (std::size_t q = 0; q < peers.size(); ++q) peers[q].tls = std::move(links[q]);
+}
 
 /// Rank `rank` of `n` in job `job` meets its peers: after run(), peers()[q] is the connection to
 /// rank q (none to itself) and crowded() says whether the job's ranks on this host outnumber
@@ -76,6 +98,11 @@ class rendezvous {
 
   /// 64 hex digits from the kernel's random source (a job's name or secret).
   static std::string random_token() { return random_secret(); }
+
+  std::string tls_needs_secret() const {
+    return "tcp: TLS (COLLX_TCP_TLS=1) keys every connection with the job's secret, and job \"" + job_ +
+           "\" has none: set COLLX_JOB_TOKEN or COLLX_JOB_TOKEN_FILE";
+  }
 
   /// A store that is not the job's own (torch's, which any client may read) never holds the
   /// secret. On one host rank 0 writes it into a file of this user's private directory under a
@@ -146,6 +173,7 @@ class rendezvous {
     // (5) none (a job across hosts, no store directory): said once, by rank 0; an error where
     // the site asks for one.
     if (secret.empty() && !one_host && cfg_.store_path.empty()) {
+      if (cfg_.tls) throw error(errc::invalid_argument, tls_needs_secret());
       if (secret_required()) throw error(errc::invalid_argument, no_secret_warning(job_) + " [rank " + std::to_string(rank_) + "]");
       if (rank_ == 0) std::fprintf(stderr, "collx %s\n", no_secret_warning(job_).c_str());
     }
@@ -227,6 +255,18 @@ class rendezvous {
       }
     }
     token_ = secret;
+    if (cfg_.tls && secret.empty()) throw error(errc::invalid_argument, tls_needs_secret());
+    // This run's name, drawn by rank 0: what a shrink's hello and a position query prove is
+    // bound to it, so neither replays into a later run of the same job and secret.
+    if (rank_ == 0) {
+      session_ = random_secret().substr(0, 16);
+      st->set(key("session"), session_);
+    } else if (auto v = st->get(key("session"), deadline)) {
+      session_ = *v;
+    } else {
+      throw error(errc::timeout, "tcp: rendezvous of job \"" + job_ + "\" timed out at rank " + std::to_string(rank_) +
+                                     ": rank 0 never published the run's name in " + st->where());
+    }
     // Listen, and publish where.
     net::address here;
     if (!cfg_.ifname.empty()) here = net::interface_address(cfg_.ifname);
@@ -270,6 +310,7 @@ class rendezvous {
     };
     for (int q = 0; q < rank_; ++q) fetch(q);
     connect_mesh(listener, addr, deadline);
+    if (cfg_.tls) secure(peers_, rank_, n_, token_, "rendezvous", job_, deadline, [&](int q) { return who(q); });
     listener_ = std::move(listener);
     for (int q = rank_ + 1; q < n_; ++q) fetch(q);
     cpu_set_t host_cores;
@@ -316,6 +357,8 @@ class rendezvous {
 
   /// The job's token (after run()): a communicator split from this one admits its peers with it.
   const std::string& token() const noexcept { return token_; }
+  /// This run's name (after run()): its communicators' shrinks and queries are bound to it.
+  const std::string& session() const noexcept { return session_; }
 
   /// A communicator split from a connected one (core/split_plan.hpp): no store, the members'
   /// addresses came in the split's all_gather, and `listener` is the socket this rank offered.
@@ -339,6 +382,7 @@ class rendezvous {
       peers_[std::size_t(q)].where = where[std::size_t(q)];
     }
     connect_mesh(listener, addr, deadline);
+    if (cfg_.tls) secure(peers_, rank_, n_, token_, "split", job_, deadline, [&](int q) { return who(q); });
     listener_ = std::move(listener);
     size_buffers();
   }
@@ -429,7 +473,7 @@ class rendezvous {
       if (gone) member_gone(q, "to connect to it");
       if (!s)
         throw error(errc::timeout, "tcp: rendezvous of job \"" + job_ + "\": " + who(rank_) + " could not connect to " + who(q) + " at " + addr[std::size_t(q)].str() + ": " + why);
-      outgoing o{q};
+      outgoing o{q, {}, 0, {}, {}, false, false};
       o.h.rank = std::uint32_t(rank_);
       o.h.size = std::uint32_t(n_);
       const tcp_auth::nonce nc = tcp_auth::fresh_nonce();
@@ -485,14 +529,18 @@ class rendezvous {
           // A flood of strangers: the oldest connection not admitted yet makes room (a rank's
           // exchange takes a round trip or two; the flood would have to outpace that).
           if (ins.size() >= kMaxUnproven) {
-            auto oldest = std::min_element(ins.begin(), ins.end(), [](const incoming& x, const incoming& y) { return x.until < y.until; });
+            // (one that said a hello, likely a rank, goes only when no silent one is left)
+            auto older = [](const incoming& x, const incoming& y) { return x.until < y.until; };
+            auto oldest = ins.end();
+            for (auto it = ins.begin(); it != ins.end(); ++it)
+              if (it->peer < 0 && (oldest == ins.end() || older(*it, *oldest))) oldest = it;
+            if (oldest == ins.end()) oldest = std::min_element(ins.begin(), ins.end(), older);
             refuse(oldest->from, "too many connections that have not proven themselves: the oldest made room");
             ins.erase(oldest);
           }
           // A stranger that connects and does not prove itself is dropped a few seconds after
           // its connect (no byte it sends extends that).
-          ins.push_back({net::fd(f), a.str()});
-          ins.back().until = std::min(deadline, net::clock::now() + kLogin);
+          ins.push_back({net::fd(f), a.str(), 0, {}, {}, {}, -1, std::min(deadline, net::clock::now() + kLogin), false});
         }
       for (incoming& in : ins) {
         if (!in.s) continue;
@@ -592,7 +640,7 @@ class rendezvous {
           std::uint32_t magic = 0;
           std::memcpy(&magic, &o.c, sizeof magic);
           if (magic == tcp_wire::kVerdictMagic) {  // refused before any proof
-            std::memcpy(&o.v, &o.c, sizeof o.v);
+            std::memcpy(static_cast<void*>(&o.v), static_cast<const void*>(&o.c), sizeof o.v);
             o.proven = true;
             want = sizeof o.v;
           } else if (magic != tcp_wire::kChallengeMagic) {
@@ -666,6 +714,7 @@ class rendezvous {
   std::vector<conn> peers_;
   bool crowded_ = false;
   std::string token_;      // the job's secret (empty: none, tcp/secret.hpp)
+  std::string session_;    // this run's name (run())
   std::string host_file_;  // the file rank 0 kept it in for the other ranks of this host: removed with the rendezvous
   std::uint64_t refusals_ = 0;
   std::vector<int> parent_;  // of a split: the members' ranks in the communicator split from

@@ -72,11 +72,16 @@ class shrinker {
 
  private:
   enum class out_phase : std::uint8_t { connecting, verdict, done };
+  struct answer {  // a verdict and the answering rank's proof (tcp/proofs.hpp, shrink_answer_mac)
+    tcp_wire::verdict v;
+    std::byte mac[tcp_wire::kMac];
+  };
   struct out_conn {
     net::fd s;
     out_phase ph = out_phase::connecting;
     std::size_t got = 0;
-    tcp_wire::verdict v;
+    tcp_wire::shrink_hello sent;  // this rank's hello to it: the answer's proof covers it
+    answer a;
   };
   struct in_conn {
     net::fd s;
@@ -110,6 +115,7 @@ class shrinker {
     std::memcpy(h.nonce, n.data(), n.size());
     const tcp_auth::mac m = hello_mac(h, q);
     std::memcpy(h.mac, m.data(), m.size());
+    out_[std::size_t(q)].sent = h;
     if (net::write_all(out_[std::size_t(q)].s.get(), &h, sizeof h, net::clock::now() + std::chrono::seconds(1)) != net::io::ok)
       return mark_dead(q);  // its connection closed as this rank said hello: the process died
     out_[std::size_t(q)].ph = out_phase::verdict;
@@ -233,13 +239,16 @@ class shrinker {
       if (err != 0) return mark_dead(q);  // its listener refused the connection: the process is gone
       return send_hello(q);
     }
-    const ssize_t k = ::recv(o.s.get(), reinterpret_cast<char*>(&o.v) + o.got, sizeof o.v - o.got, MSG_DONTWAIT);
+    const ssize_t k = ::recv(o.s.get(), reinterpret_cast<char*>(&o.a) + o.got, sizeof o.a - o.got, MSG_DONTWAIT);
     if (k > 0) o.got += std::size_t(k);
     else if (k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
       return mark_dead(q);  // its connection closed before it answered this rank's hello: the process died
-    if (o.got < sizeof o.v) return;
-    const auto code = tcp_wire::parse_verdict(std::span<const std::byte, sizeof o.v>(reinterpret_cast<const std::byte*>(&o.v), sizeof o.v));
+    if (o.got < sizeof o.a) return;
+    const auto code = tcp_wire::parse_verdict(std::span<const std::byte, sizeof o.a.v>(reinterpret_cast<const std::byte*>(&o.a.v), sizeof o.a.v));
     if (!code) fail(errc::transport_error, "garbage instead of a verdict from rank " + std::to_string(q) + " at " + where_[std::size_t(q)]);
+    if (!tcp_auth::same({o.a.mac, tcp_wire::kMac}, shrink_answer_mac(secret_, job_, o.sent, q, o.a.v.code)))
+      fail(errc::invalid_argument, "the answer from rank " + std::to_string(q) + "'s address " + where_[std::size_t(q)] +
+                                       " does not prove it holds the job's secret (another process holds that address now?)");
     if (*code != tcp_wire::verdict_code::admitted)
       fail(errc::invalid_argument, "rank " + std::to_string(q) + " refused this rank's shrink hello: " + tcp_wire::describe(*code));
     o.ph = out_phase::done;
@@ -272,9 +281,11 @@ class shrinker {
       }
     }
     if (code == tcp_wire::verdict_code::admitted && in_ok_[std::size_t(peer)] != 0) code = tcp_wire::verdict_code::duplicate;
-    tcp_wire::verdict v;
-    v.code = std::uint32_t(code);
-    const bool sent = net::write_all(in.s.get(), &v, sizeof v, net::clock::now() + std::chrono::seconds(1)) == net::io::ok;
+    answer a;
+    a.v.code = std::uint32_t(code);
+    const tcp_auth::mac m = shrink_answer_mac(secret_, job_, in.h, me_, a.v.code);
+    std::memcpy(a.mac, m.data(), m.size());
+    const bool sent = net::write_all(in.s.get(), &a, sizeof a, net::clock::now() + std::chrono::seconds(1)) == net::io::ok;
     if (code != tcp_wire::verdict_code::admitted || !sent) {
       in.s.reset();
       return;

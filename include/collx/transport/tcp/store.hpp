@@ -237,7 +237,7 @@ class store_server {
       const auto now = net::clock::now();
       for (client& c : cs) {
         if (c.closing) continue;
-        if (unproven(c) && now - c.accepted > kLogin) {
+        if (core_.needs_auth() && !c.st.authed && now - c.accepted > kLogin) {
           refused(c.peer, "it did not prove it holds the job's secret within " + std::to_string(kLogin.count()) + " s of its connect");
           c.closing = true;
           c.out.clear();
@@ -261,8 +261,11 @@ class store_server {
   template <class Among>
   bool evict_oldest(std::vector<client>& cs, Among among, const char* why) {
     client* oldest = nullptr;
-    for (client& c : cs)
-      if (!c.closing && unproven(c) && among(c) && (oldest == nullptr || c.accepted < oldest->accepted)) oldest = &c;
+    // (one whose login is under way goes only when no other will do: it is likely a rank)
+    for (int pass = 0; pass < 2 && oldest == nullptr; ++pass)
+      for (client& c : cs)
+        if (!c.closing && unproven(c) && (pass == 1 || !c.st.challenged) && among(c) && (oldest == nullptr || c.accepted < oldest->accepted))
+          oldest = &c;
     if (oldest == nullptr) return false;
     refused(oldest->peer, why);
     oldest->closing = true;
@@ -427,7 +430,7 @@ class tcp_store final : public store {
     std::memcpy(their.data(), ch->data() + na.size(), their.size());
     if (!tcp_auth::same(their, tcp_auth::accept_proof(token_, store_core::kContext, nc, na))) {
       s_.reset();
-      throw error(errc::invalid_argument, "tcp: the rendezvous store at " + at_.str() +
+      throw store_denied(errc::invalid_argument, "tcp: the rendezvous store at " + at_.str() +
                                               " could not prove it holds the job's secret (another job's store, or another "
                                               "secret: is MASTER_ADDR:MASTER_PORT right, and COLLX_JOB_TOKEN the same on every rank?)");
     }

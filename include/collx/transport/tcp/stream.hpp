@@ -73,6 +73,8 @@ class streams {
     for (std::size_t q = 0; q < peers.size(); ++q) {
       peers_[q].s = std::move(peers[q].s);
       peers_[q].where = std::move(peers[q].where);
+      peers_[q].tls = std::move(peers[q].tls);
+      tls_ = tls_ || bool(peers_[q].tls);
     }
   }
 
@@ -158,6 +160,11 @@ class streams {
   /// Sleeps in poll() on the sockets that block progress, and where position queries come
   /// (tcp/desync.hpp), which it answers.
   void sleep(const step& s, token, std::chrono::nanoseconds d) {
+    if (tls_) {  // TLS may hold decrypted bytes a receive waits for: no poll would wake for them
+      bool ready = false;
+      s.each_open([&](int q, bool send, std::size_t) { ready = ready || (!send && buffered(peers_[std::size_t(q)])); });
+      if (ready) return;
+    }
     pfd_.clear();
     if (cts_owed_ > 0)
       for (std::size_t q = 0; q < peers_.size(); ++q)
@@ -169,6 +176,9 @@ class streams {
     poll_and_serve(d);
   }
   void sleep_any(std::span<const int> peers, token, std::chrono::nanoseconds d) {
+    if (tls_)
+      for (int q : peers)
+        if (buffered(peers_[std::size_t(q)])) return;
     pfd_.clear();
     for (int q : peers)
       if (const peer& p = peers_[std::size_t(q)]; p.s && !p.left && !p.have && !p.mid_recv) pfd_.push_back({p.s.get(), POLLIN, 0});
@@ -225,6 +235,7 @@ class streams {
  private:
   struct peer {
     net::fd s;
+    tls_link tls;  // its TLS end (tcp/tls.hpp), when the job encrypts: every byte goes through it
     std::string where;
     bool mid_send = false, mid_recv = false, gone = false, left = false;
     // incoming: a frame header being read, or read and held until someone takes it
@@ -281,6 +292,120 @@ class streams {
     if (qp_) serve_listeners(pfd_, listeners);
   }
 
+  // ---- the stream's bytes, plain or through TLS ----------------------------------------------
+  /// As recv(MSG_DONTWAIT): bytes read, 0 at the stream's end, -1 with errno (EAGAIN: none yet).
+  static ssize_t rd(peer& p, void* b, std::size_t n) noexcept {
+    if (!p.tls) return ::recv(p.s.get(), b, n, MSG_DONTWAIT);
+    std::size_t got = 0;
+    const int r = SSL_read_ex(p.tls.get(), b, n, &got);
+    return r == 1 ? ssize_t(got) : tls_failed(p, r);
+  }
+  /// As recv(MSG_PEEK | MSG_DONTWAIT).
+  static ssize_t peek(peer& p, void* b, std::size_t n) noexcept {
+    if (!p.tls) return ::recv(p.s.get(), b, n, MSG_PEEK | MSG_DONTWAIT);
+    std::size_t got = 0;
+    const int r = SSL_peek_ex(p.tls.get(), b, n, &got);
+    return r == 1 ? ssize_t(got) : tls_failed(p, r);
+  }
+  /// As sendmsg(MSG_NOSIGNAL | MSG_DONTWAIT) of k runs: bytes written, or -1 with errno.
+  static ssize_t wr(peer& p, iovec* iov, int k) noexcept {
+    if (!p.tls) {
+      msghdr m{};
+      m.msg_iov = iov;
+      m.msg_iovlen = std::size_t(k);
+      return ::sendmsg(p.s.get(), &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
+    // A small frame (a header, and a payload that fits one record with it) goes as one record:
+    // one seal and one system call, not one per run (the same bytes on a retry, as OpenSSL
+    // requires: the runs are rebuilt from the same offset).
+    std::size_t small = 0;
+    for (int i = 0; i < k && small <= kRecord; ++i) small += iov[i].iov_len;
+    if (k > 1 && small <= kRecord) {
+      std::byte one[kRecord];
+      std::size_t at = 0;
+      for (int i = 0; i < k; ++i) {
+        std::memcpy(one + at, iov[i].iov_base, iov[i].iov_len);
+        at += iov[i].iov_len;
+      }
+      std::size_t w = 0;
+      const int r = SSL_write_ex(p.tls.get(), one, at, &w);
+      return r == 1 ? ssize_t(w) : tls_failed(p, r);
+    }
+    ssize_t total = 0;
+    for (int i = 0; i < k; ++i) {
+      std::size_t w = 0;
+      const int r = SSL_write_ex(p.tls.get(), iov[i].iov_base, iov[i].iov_len, &w);
+      if (r == 1) {
+        total += ssize_t(w);
+        if (w < iov[i].iov_len) break;
+        continue;
+      }
+      // (what was written stands; this run is retried as it was, as OpenSSL requires)
+      if (total > 0) {
+        ERR_clear_error();
+        return total;
+      }
+      return tls_failed(p, r);
+    }
+    return total;
+  }
+  /// The most a TLS record carries (RFC 8446: 2^14 bytes).
+  static constexpr std::size_t kRecord = std::size_t(16) << 10;
+  /// A TLS call that did not succeed, as the socket call it stands for would say it.
+  static ssize_t tls_failed(peer& p, int r) noexcept {
+    const int e = SSL_get_error(p.tls.get(), r);
+    ERR_clear_error();
+    switch (e) {
+      case SSL_ERROR_WANT_READ:
+      case SSL_ERROR_WANT_WRITE: errno = EAGAIN; return -1;
+      case SSL_ERROR_ZERO_RETURN: return 0;
+      case SSL_ERROR_SYSCALL:
+        if (errno == 0 || errno == EAGAIN) return 0;  // the connection ended without TLS's farewell
+        return -1;
+      default: errno = EPROTO; return -1;  // a record that does not authenticate: tampered with
+    }
+  }
+  /// Writes all of b, n before `until` (best effort: false when it could not).
+  static bool write_all(peer& p, const void* b, std::size_t n, net::clock::time_point until) noexcept {
+    if (!p.tls) return net::write_all(p.s.get(), b, n, until) == net::io::ok;
+    const char* at = static_cast<const char*>(b);
+    while (n > 0) {
+      iovec v{const_cast<char*>(at), n};
+      const ssize_t w = wr(p, &v, 1);
+      if (w > 0) {
+        at += w;
+        n -= std::size_t(w);
+        continue;
+      }
+      if (w < 0 && errno != EAGAIN && errno != EINTR) return false;
+      if (net::clock::now() >= until) return false;
+      pollfd f{p.s.get(), POLLOUT | POLLIN, 0};
+      ::poll(&f, 1, std::clamp(net::ms_until(until), 1, 10));
+    }
+    return true;
+  }
+  /// Reads exactly n bytes before `until`.
+  static bool read_all(peer& p, void* b, std::size_t n, net::clock::time_point until) noexcept {
+    if (!p.tls) return net::read_exact(p.s.get(), b, n, until) == net::io::ok;
+    char* at = static_cast<char*>(b);
+    while (n > 0) {
+      const ssize_t r = rd(p, at, n);
+      if (r > 0) {
+        at += r;
+        n -= std::size_t(r);
+        continue;
+      }
+      if (r == 0 || (errno != EAGAIN && errno != EINTR)) return false;
+      if (net::clock::now() >= until) return false;
+      pollfd f{p.s.get(), POLLIN, 0};
+      ::poll(&f, 1, std::clamp(net::ms_until(until), 1, 10));
+    }
+    return true;
+  }
+  /// Decrypted bytes that TLS holds for the stream, which no poll of the socket would announce.
+  /// (Bytes read ahead that are not a whole record yet need more from the socket: poll's.)
+  static bool buffered(const peer& p) noexcept { return p.tls && SSL_pending(p.tls.get()) > 0; }
+
   static void send_frame(peer& p, tcp_wire::msg_kind k, const std::string& payload, net::clock::time_point until) noexcept {
     tcp_wire::msg_header h;
     h.kind = std::uint32_t(k);
@@ -288,7 +413,7 @@ class streams {
     std::string b(reinterpret_cast<const char*>(&h), sizeof h);
     b += payload;
     // Best effort within a short time: a peer whose buffers are full learns from the close.
-    (void)net::write_all(p.s.get(), b.data(), b.size(), until);
+    (void)write_all(p, b.data(), b.size(), until);
   }
 
   /// Closes every connection after its last frame: a FIN after what was sent, and what peers
@@ -299,12 +424,15 @@ class streams {
     char sink[4096];
     for (peer& p : peers_) {
       if (!p.s) continue;
+      // (no TLS close_notify: after a failure OpenSSL forbids it, and the peer reads the
+      // connection's end as the stream's either way: tcp/tls.hpp)
       ::shutdown(p.s.get(), SHUT_WR);
       for (int k = 0; k < 1024; ++k) {  // what is there now, at most 4 MiB: no waiting
         const ssize_t r = ::recv(p.s.get(), sink, sizeof sink, MSG_DONTWAIT);
         if (r > 0 || (r < 0 && errno == EINTR)) continue;
         break;
       }
+      p.tls.reset();
       p.s.reset();
     }
   }
@@ -315,7 +443,7 @@ class streams {
     if (p.have) return true;
     if (p.mid_recv) return false;  // a receive is reading a payload from this stream
     while (p.hoff < sizeof p.raw) {
-      const ssize_t r = ::recv(p.s.get(), p.raw + p.hoff, sizeof p.raw - p.hoff, MSG_DONTWAIT);
+      const ssize_t r = rd(p, p.raw + p.hoff, sizeof p.raw - p.hoff);
       if (r > 0) {
         p.hoff += std::size_t(r);
         moved = true;
@@ -365,10 +493,10 @@ class streams {
     for (std::size_t q = 0; q < peers_.size(); ++q) {
       peer& p = peers_[q];
       if (!p.s || p.hoff != 0 || p.have || p.mid_recv) continue;
-      const auto reason_bytes = tcp_wire::abort_at_head(p.s.get());
+      const auto reason_bytes = tcp_wire::abort_at_head_with([&p](void* b, std::size_t n) { return peek(p, b, n); });
       if (!reason_bytes) continue;
       tcp_wire::msg_header h;
-      (void)!::recv(p.s.get(), &h, sizeof h, MSG_DONTWAIT);
+      (void)!rd(p, &h, sizeof h);
       aborted(int(q), call, *reason_bytes);
     }
   }
@@ -379,20 +507,21 @@ class streams {
     lost(q, call, std::string("its connection failed: ") + std::strerror(err));
   }
   [[noreturn]] void garbage(int q, const call_info& call, const std::string& why) {
+    peers_[std::size_t(q)].tls.reset();
     peers_[std::size_t(q)].s.reset();  // the stream is out of step: never read it again
     call.fail(errc::transport_error, "garbage on the connection from " + call.peer(q) + " (" +
                                          peers_[std::size_t(q)].where + "): " + why);
   }
   [[noreturn]] void aborted(int q, const call_info& call, std::size_t reason_bytes) {
     std::string why(reason_bytes, '\0');  // bounded by parse_header (kMaxAbortReason)
-    const auto r = net::read_exact(peers_[std::size_t(q)].s.get(), why.data(), why.size(), net::clock::now() + std::chrono::seconds(1));
-    if (r != net::io::ok) why = "(reason lost)";
+    if (!read_all(peers_[std::size_t(q)], why.data(), why.size(), net::clock::now() + std::chrono::seconds(1))) why = "(reason lost)";
     lost(q, call, "it failed: " + tcp_wire::printable_reason(std::move(why)));
   }
 
   std::vector<peer> peers_;
   int cts_owed_ = 0;  // clear-to-sends owed to all peers together
   bool crowded_ = false;
+  bool tls_ = false;  // its streams go through TLS
   bool dead_ = false;
   std::string dead_why_;
   step st_;

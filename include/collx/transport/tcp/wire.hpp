@@ -345,12 +345,18 @@ inline std::string printable_reason(std::string why) {
 /// `f`, looked at without taking anything from it (MSG_PEEK): a peer that failed said why
 /// before it closed. nullopt when the stream starts with anything else, or less than a header
 /// has come.
-inline std::optional<std::size_t> abort_at_head(int f) {
+/// `peek(buf, n)` looks at the stream's first n bytes without taking them (recv's MSG_PEEK, or
+/// a TLS channel's: tcp/stream.hpp) and returns how many it could.
+template <class Peek>
+std::optional<std::size_t> abort_at_head_with(Peek&& peek) {
   msg_header h;
-  if (::recv(f, &h, sizeof h, MSG_PEEK | MSG_DONTWAIT) != ssize_t(sizeof h) || h.magic != kMsgMagic ||
-      h.kind != std::uint32_t(msg_kind::abort) || h.bytes > kMaxAbortReason)
+  if (peek(&h, sizeof h) != ssize_t(sizeof h) || h.magic != kMsgMagic || h.kind != std::uint32_t(msg_kind::abort) ||
+      h.bytes > kMaxAbortReason)
     return std::nullopt;
   return std::size_t(h.bytes);
+}
+inline std::optional<std::size_t> abort_at_head(int f) {
+  return abort_at_head_with([f](void* b, std::size_t n) { return ::recv(f, b, n, MSG_PEEK | MSG_DONTWAIT); });
 }
 
 /// The reason of an abort frame at the head of connected socket `f`, taking nothing from it;
