@@ -58,6 +58,33 @@ TEST_CASE("every COLLX_* variable the headers read is in env::variables and in t
   }
 }
 
+TEST_CASE("every test case's name is one ctest can run: no semicolon in it", "[env][tests]") {
+  // catch_discover_tests hands each name to CMake, which splits it at a ';' into a list: the
+  // test registered under the first piece then matches no case, runs nothing and passes. Six
+  // cases ran so, as tests that could not fail, until this was found (2026-12-06).
+  const std::filesystem::path root = COLLX_SOURCE_DIR;
+  const std::regex head(R"re((TEMPLATE_)?TEST_CASE\()re");
+  const std::regex literal(R"re(^\s*"((?:[^"\\]|\\.)*)")re");
+  int cases = 0;
+  for (const auto& e : std::filesystem::directory_iterator(root / "tests")) {
+    if (e.path().extension() != ".cpp") continue;
+    const std::string text = slurp(e.path());
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), head); it != std::sregex_iterator(); ++it) {
+      std::string name;  // its string literals, adjacent ones joined
+      std::size_t at = std::size_t(it->position() + it->length());
+      std::smatch m;
+      while (std::regex_search(text.cbegin() + std::ptrdiff_t(at), text.cend(), m, literal)) {
+        name += m[1].str();
+        at += std::size_t(m.length(0));
+      }
+      ++cases;
+      CAPTURE(e.path().filename().string(), name);
+      CHECK(name.find(';') == std::string::npos);
+    }
+  }
+  CHECK(cases > 200);  // (it found them: 214 at the time of writing)
+}
+
 TEST_CASE("a value that does not parse is an error naming the variable", "[env]") {
   {
     scoped_env e("COLLX_SHM_SINGLE_COPY_BYTES", "lots");  // before: silently "never"

@@ -169,7 +169,7 @@ TEST_CASE("a launcher follows a chain of waits to the rank the job waited for", 
   }
 }
 
-TEST_CASE("COLLX_TIMEOUT_S sets the default timeout; a bad value is an error", "[errors][timeout]") {
+TEST_CASE("COLLX_TIMEOUT_S sets the default timeout - a bad value is an error", "[errors][timeout]") {
   ::setenv("COLLX_TIMEOUT_S", "0.25", 1);
   CHECK(collx::options{}.timeout == 250ms);
   ::setenv("COLLX_TIMEOUT_S", "soon", 1);

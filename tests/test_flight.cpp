@@ -368,7 +368,7 @@ TEST_CASE("collx-trace reads a failed job's dumps: the mismatched call, who is b
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("collx-trace's reader: the dump the recorder writes reads back as written; a broken one is an error", "[flight][trace]") {
+TEST_CASE("collx-trace's reader: the dump the recorder writes reads back as written - a broken one is an error", "[flight][trace]") {
   std::string text0;
   collx::launch_threads(3, [&](auto& comm) {
     std::vector<int> v(4, 1);

@@ -289,7 +289,7 @@ TEST_CASE("ipc: buffers in exportable memory are mapped by the peers, not staged
   }
 }
 
-TEST_CASE("ipc: an opaque handle's owner frees its buffer as soon as its call returns; a peer that maps it late still finds it",
+TEST_CASE("ipc: an opaque handle's owner frees its buffer as soon as its call returns - a peer that maps it late still finds it",
           "[ipc]") {
   // A ring broadcast from 0 is a chain 0 -> 1 -> 2: rank 2 maps rank 0's buffer but never reads
   // it, so rank 0 is done once rank 1 has its data, and frees its buffer while rank 2, slow to

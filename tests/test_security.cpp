@@ -49,49 +49,71 @@ std::string hex(const auth::mac& m) {
   return s;
 }
 
-/// Every byte that crosses the loopback interface while alive (a raw packet socket: needs
-/// CAP_NET_RAW; usable() says whether it got one).
+/// Every byte that crosses the loopback interface while alive, captured by a child process with
+/// a raw packet socket (needs CAP_NET_RAW; usable() says whether it got one). A process, not a
+/// thread: the test then forks its ranks, and a fork while another thread holds the allocator's
+/// lock (ASan's) leaves the child stuck on it.
 struct loopback_capture {
-  int fd = ::socket(AF_PACKET, SOCK_RAW, htons(ETH_P_ALL));
-  std::atomic<bool> stop{false};
+  pid_t child = -1;
+  int stop_w = -1;
+  std::string file = "/tmp/collx-capture-" + std::to_string(::getpid()) + "-" + std::to_string(counter()++);
+  bool ok = false;
   std::string bytes;
-  std::thread t;
-  loopback_capture() {
-    if (fd < 0) return;
-    sockaddr_ll a{};
-    a.sll_family = AF_PACKET;
-    a.sll_protocol = htons(ETH_P_ALL);
-    a.sll_ifindex = int(if_nametoindex("lo"));
-    if (a.sll_ifindex == 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-      ::close(fd);
-      fd = -1;
-      return;
-    }
-    t = std::thread([this] {
-      std::vector<char> b(1 << 16);
-      while (!stop.load()) {
-        pollfd p{fd, POLLIN, 0};
-        if (::poll(&p, 1, 20) <= 0) continue;
-        const ssize_t k = ::recv(fd, b.data(), b.size(), MSG_DONTWAIT);
-        if (k > 0) bytes.append(b.data(), std::size_t(k));
-      }
-      for (;;) {  // what is queued still
-        const ssize_t k = ::recv(fd, b.data(), b.size(), MSG_DONTWAIT);
-        if (k <= 0) break;
-        bytes.append(b.data(), std::size_t(k));
-      }
-    });
+  static int& counter() {
+    static int n = 0;
+    return n;
   }
-  bool usable() const { return fd >= 0; }
+  loopback_capture() {
+    int ready[2], stop[2];
+    if (::pipe(ready) != 0 || ::pipe(stop) != 0) return;
+    child = ::fork();
+    if (child == 0) {
+      ::close(ready[0]);
+      ::close(stop[1]);
+      const int fd = ::socket(AF_PACKET, SOCK_RAW, htons(ETH_P_ALL));
+      sockaddr_ll a{};
+      a.sll_family = AF_PACKET;
+      a.sll_protocol = htons(ETH_P_ALL);
+      a.sll_ifindex = int(if_nametoindex("lo"));
+      const bool up = fd >= 0 && a.sll_ifindex != 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+      (void)!::write(ready[1], up ? "1" : "0", 1);
+      if (!up) ::_exit(0);
+      const int out = ::open(file.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0600);
+      static char b[1 << 16];
+      for (bool stopping = false;;) {
+        pollfd p[2] = {{fd, POLLIN, 0}, {stop[0], POLLIN, 0}};
+        ::poll(p, 2, stopping ? 0 : 20);
+        const ssize_t k = ::recv(fd, b, sizeof b, MSG_DONTWAIT);
+        if (k > 0) {
+          (void)!::write(out, b, std::size_t(k));
+          continue;
+        }
+        if (stopping) break;  // (what was queued is taken)
+        stopping = p[1].revents != 0;
+      }
+      ::_exit(0);
+    }
+    ::close(ready[1]);
+    ::close(stop[0]);
+    stop_w = stop[1];
+    char c = '0';
+    ok = child > 0 && ::read(ready[0], &c, 1) == 1 && c == '1';
+    ::close(ready[0]);
+  }
+  bool usable() const { return ok; }
   std::string finish() {
-    stop.store(true);
-    if (t.joinable()) t.join();
+    if (child > 0) {
+      ::close(stop_w);
+      int st = 0;
+      ::waitpid(child, &st, 0);
+      child = -1;
+      std::ifstream i(file, std::ios::binary);
+      bytes.assign(std::istreambuf_iterator<char>(i), {});
+      std::remove(file.c_str());
+    }
     return bytes;
   }
-  ~loopback_capture() {
-    finish();
-    if (fd >= 0) ::close(fd);
-  }
+  ~loopback_capture() { finish(); }
 };
 
 /// Ranks 0..n-1 of job `job` as threads of this process, rank 0 serving the TCP store on a
@@ -407,7 +429,7 @@ TEST_CASE("security: the secret is kept only where this user alone can read it",
   }
 }
 
-TEST_CASE("security: a job across hosts with no secret says so once; COLLX_REQUIRE_SECRET=1 refuses it, and so does TLS", "[security][tcp]") {
+TEST_CASE("security: a job across hosts with no secret says so once - COLLX_REQUIRE_SECRET=1 refuses it and so does TLS", "[security][tcp]") {
   // A non-loopback address of this host stands for a network address: nothing says all ranks
   // run here.
   std::string ip;

@@ -171,7 +171,7 @@ std::vector<std::string> dev_shm_entries() {
 
 }  // namespace
 
-TEST_CASE("in a container's 64 MiB /dev/shm: 16 ranks run every collective; a job that cannot fit is an error on every rank",
+TEST_CASE("in a container's 64 MiB /dev/shm: 16 ranks run every collective - a job that cannot fit is an error on every rank",
           "[shm][container]") {
   if (!can_mount()) {
     WARN("skipped: a private mount namespace with its own /dev/shm needs root (unshare, mount)");
@@ -216,7 +216,7 @@ TEST_CASE("in a container's 64 MiB /dev/shm: 16 ranks run every collective; a jo
   CHECK(too_many == "");
 }
 
-TEST_CASE("in a container's 64 MiB /dev/shm: 16 ranks split three levels deep run on every level with 8 slots; "
+TEST_CASE("in a container's 64 MiB /dev/shm: 16 ranks split three levels deep run on every level with 8 slots - "
           "with the defaults the split that cannot fit is an error",
           "[shm][container][split]") {
   if (!can_mount()) {
