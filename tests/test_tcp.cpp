@@ -686,7 +686,7 @@ TEST_CASE("over tcp: a split's member gone before the split's connections is nam
   collx::transport::tcp_detail::rendezvous r("named.s1c0", 1, 2, collx::transport::tcp_config{}, net::fd{});
   std::string what;
   try {
-    r.run_split(std::move(mine), {dead, at.str()}, "a-token", false, net::clock::now() + 300ms, {4, 7});
+    r.run_split(std::move(mine), {dead, at.str()}, "a-token", "a-session", false, net::clock::now() + 300ms, {4, 7});
   } catch (const collx::error& e) {
     what = e.what();
   }
@@ -750,7 +750,7 @@ TEST_CASE("over tcp: a split's member that dies before the split's connections f
     int code = 0;
     const auto t0 = std::chrono::steady_clock::now();
     try {
-      r.run_split(std::move(mine), where, "a-token", false, net::clock::now() + 10s, below ? std::vector<int>{4, 7} : std::vector<int>{7, 4},
+      r.run_split(std::move(mine), where, "a-token", "a-session", false, net::clock::now() + 10s, below ? std::vector<int>{4, 7} : std::vector<int>{7, 4},
                   watch);
     } catch (const collx::error& e) {
       what = e.what();
@@ -801,7 +801,7 @@ TEST_CASE("over tcp: a split's member that fails and closes its connection befor
     collx::transport::tcp_detail::rendezvous r("failed.s1c0", 1, 2, collx::transport::tcp_config{}, net::fd{});
     std::string what;
     try {
-      r.run_split(std::move(mine), {member_at, at.str()}, "a-token", false, net::clock::now() + 10s, {4, 7},
+      r.run_split(std::move(mine), {member_at, at.str()}, "a-token", "a-session", false, net::clock::now() + 10s, {4, 7},
                   {mine_end.get(), -1});
     } catch (const std::exception& e) {  // (any: the thread is joined whatever comes)
       what = e.what();

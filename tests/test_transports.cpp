@@ -240,6 +240,20 @@ TEMPLATE_TEST_CASE("receive from any source: a wrong size, nobody sending, every
     CHECK_THAT(e.what(), Contains("send/recv") && Contains("timed out after") &&
                              Contains("waiting for a message from any of rank 1, rank 2"));
   }
+  // The same under the whole call's deadline (options::call_timeout), which comes first here.
+  try {
+    collx::options o = with_timeout(30s);
+    o.call_timeout = 300ms;
+    TestType{}(3, [](auto& comm) {
+      std::vector<float> v(4);
+      if (comm.rank() == 0) collx::recv_any(comm, std::span{v});
+      else std::this_thread::sleep_for(1s);
+    }, o);
+    FAIL("recv_any with no sender returned");
+  } catch (const collx::error& e) {
+    CHECK_THAT(e.what(), Contains("timed out after 0.3 s (the whole call's deadline, options::call_timeout)") &&
+                             Contains("waiting for a message from any of rank 1, rank 2"));
+  }
   // A rank fails (not one received from) while rank 0 waits for rank 1, which stays: the
   // failure ends the wait at once, naming the failed rank; and so when rank 1 has left first.
   for (const bool first_leaves : {false, true}) {

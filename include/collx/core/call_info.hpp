@@ -226,15 +226,16 @@ struct call_info {
   /// number 0) of this communicator. Whether its size and element type fit, its receive checks.
   bool takes_any_source(const call_signature& theirs) const noexcept { return theirs.seq == 0 && theirs.comm == sig.comm; }
   [[noreturn]] void timed_out_any(std::span<const int> ps, bool whole = false) const {
-    fail(errc::timeout, "timed out after " + detail::format_seconds(whole ? call_timeout : timeout) +
-                            (whole ? " (the whole call's deadline, options::call_timeout)" : "") + " waiting for a message from any of " +
-                            peers(ps) + positions());
+    timed_out_waiting("a message from any of " + peers(ps), whole);
   }
-
   [[noreturn]] void timed_out(int peer, const char* waiting_for, bool whole = false) const {
+    timed_out_waiting(this->peer(peer) + " (" + waiting_for + ")", whole);
+  }
+  /// "timed out after 3 s (the whole call's deadline, options::call_timeout) waiting for
+  /// <what>", and where the ranks are.
+  [[noreturn]] void timed_out_waiting(const std::string& what, bool whole) const {
     fail(errc::timeout, "timed out after " + detail::format_seconds(whole ? call_timeout : timeout) +
-                            (whole ? " (the whole call's deadline, options::call_timeout)" : "") + " waiting for " + this->peer(peer) + " (" +
-                            waiting_for + ")" + positions());
+                            (whole ? " (the whole call's deadline, options::call_timeout)" : "") + " waiting for " + what + positions());
   }
 
   /// The deadline of a wait that starts at `now`: options::timeout from now, or the whole call's

@@ -50,6 +50,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <span>
 #include <string>
 #include <vector>
@@ -201,20 +202,33 @@ bool check_peers(C& c, St& s, int blocked_on, const char* what) {
                                  call.peer(f) + " failed: " + c.failure(f));
 }
 
+/// A wait's deadline has passed: the channel's last look (before_timeout: a desync report asks
+/// the peers), then `fail()`, which throws.
+template <class C, class Fail>
+[[noreturn]] void give_up(C& c, const call_info& call, Fail fail) {
+  if constexpr (requires { c.before_timeout(call); }) c.before_timeout(call);
+  fail();
+  std::abort();  // (fail throws)
+}
+
+/// The whole call's deadline (options::call_timeout), looked at before a wait spins: a call
+/// past it gives up at once (`fail(true)`), whatever the spin would find.
+template <class C, class Fail>
+void check_whole_call(C& c, const call_info& call, Fail fail) {
+  if (call.call_timeout.count() <= 0) return;
+  bool whole = false;
+  const auto now = std::chrono::steady_clock::now();
+  if (now >= call.deadline(now, whole) && whole) give_up(c, call, [&] { fail(true); });
+}
+
 /// Nothing moved: waits until something may (returns), or throws (a lost peer, the deadline).
 template <class C, class St>
 void block(C& c, St& s) {
   const call_info& call = *s.call;
   const char* what = "";
   const int p = first_pending(c, s, what);
-  if (call.call_timeout.count() > 0) {  // the whole call's deadline, looked at before any spin
-    bool whole = false;
-    const auto now = std::chrono::steady_clock::now();
-    if (now >= call.deadline(now, whole) && whole) {
-      if constexpr (requires { c.before_timeout(call); }) c.before_timeout(call);
-      call.timed_out(p, what, true);
-    }
-  }
+  auto timed_out = [&](bool whole) { call.timed_out(p, what, whole); };
+  check_whole_call(c, call, timed_out);
   detail::timed_wait tw(call, p);
   const waiting w = c.spinning();
   using clock = std::chrono::steady_clock;
@@ -250,8 +264,7 @@ void block(C& c, St& s) {
     const auto now = clock::now();
     if (now >= deadline) {
       if (may_move(c, s)) return;
-      if constexpr (requires { c.before_timeout(call); }) c.before_timeout(call);
-      call.timed_out(p, what, whole);
+      give_up(c, call, [&] { timed_out(whole); });
     }
     tw.start();
     c.sleep(s, t, std::min<std::chrono::nanoseconds>(deadline - now, detail::kSleepSlice));
@@ -296,6 +309,9 @@ int wait_any(C& c, std::span<const int> peers, const call_info& call) {
   const waiting w = c.spinning();
   int found = -1;
   auto look = [&](bool slow) { return (found = c.probe_head(peers, call, slow)) >= 0; };
+  auto timed_out = [&](bool whole) { call.timed_out_any(peers, whole); };
+  if (look(false)) return found;
+  detail_engine::check_whole_call(c, call, timed_out);
   if (w.spin_time.count() > 0) {
     const auto t0 = clock::now();
     do {
@@ -325,8 +341,7 @@ int wait_any(C& c, std::span<const int> peers, const call_info& call) {
     const auto now = clock::now();
     if (now >= deadline) {
       if (look(false)) return found;
-      if constexpr (requires { c.before_timeout(call); }) c.before_timeout(call);
-      call.timed_out_any(peers, whole);
+      detail_engine::give_up(c, call, [&] { timed_out(whole); });
     }
     tw.start();
     c.sleep_any(peers, t, std::min<std::chrono::nanoseconds>(deadline - now, detail::kSleepSlice));

@@ -98,7 +98,7 @@ class tcp {
       std::vector<int> watch(std::size_t(p.size), -1);  // this rank's connections to the members here
       for (int q = 0; q < p.size; ++q)
         if (q != p.rank) watch[std::size_t(q)] = net_.socket_of(p.members[std::size_t(q)]);
-      r.run_split(std::move(listener), where, token_, crowded_, net::clock::now() + cfg_.rendezvous_timeout, p.members, std::move(watch));
+      r.run_split(std::move(listener), where, token_, session_, crowded_, net::clock::now() + cfg_.rendezvous_timeout, p.members, std::move(watch));
       t.listener_ = std::move(r.listener());
       t.net_ = tcp_detail::streams(std::move(r.peers()), crowded_);
       early = std::move(r.early());

@@ -262,27 +262,20 @@ inline tcp_auth::mac query_mac(const query_point& p, const tcp_wire::position_qu
 /// set aside); too little yet is undecided (its peer may not have written all: the connection
 /// waits in `pending` for its bytes, kPendingFor at most).
 inline conn_fate classify(query_point& p, int f) {
-  tcp_wire::position_query q;
-  tcp_wire::shrink_hello h;
-  static_assert(sizeof h >= sizeof q);
-  const ssize_t got = ::recv(f, &h, sizeof h, MSG_PEEK | MSG_DONTWAIT);
-  if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return conn_fate::closed;
-  if (got < 4) return conn_fate::undecided;
-  if (h.magic == tcp_wire::kShrinkHelloMagic) {
-    if (got < ssize_t(sizeof h)) return conn_fate::undecided;
-    return h.version == tcp_wire::kVersion && tcp_auth::same({h.mac, tcp_wire::kMac}, shrink_mac(p.secret, p.name, h, p.rank))
-               ? conn_fate::parked
-               : conn_fate::closed;
+  switch (peek_opening(f, p.secret, p.name, p.rank, p.size, p.job).what) {
+    case opening::pending: return conn_fate::undecided;
+    case opening::shrink: return conn_fate::parked;
+    case opening::query: {
+      tcp_wire::position_query q;
+      (void)!::recv(f, &q, sizeof q, MSG_DONTWAIT);
+      if (p.own != nullptr) {
+        const tcp_wire::position_answer a = answer_of(*p.own);
+        (void)net::write_all(f, &a, sizeof a, net::clock::now() + std::chrono::milliseconds(5));
+      }
+      return conn_fate::answered;
+    }
+    default: return conn_fate::closed;  // a stranger's, or one that claims to be either without proof
   }
-  if (h.magic != tcp_wire::kQueryMagic) return conn_fate::closed;
-  if (got < ssize_t(sizeof q)) return conn_fate::undecided;
-  (void)!::recv(f, &q, sizeof q, MSG_DONTWAIT);
-  if (tcp_wire::check_query(std::span<const std::byte, sizeof q>(reinterpret_cast<const std::byte*>(&q), sizeof q), p.rank, p.size, p.job) &&
-      tcp_auth::same({q.mac, tcp_wire::kMac}, query_mac(p, q, p.rank)) && p.own != nullptr) {
-    const tcp_wire::position_answer a = answer_of(*p.own);
-    (void)net::write_all(f, &a, sizeof a, net::clock::now() + std::chrono::milliseconds(5));
-  }
-  return conn_fate::answered;
 }
 
 /// Settles connection f of p by its fate: closes it, or sets it aside (parked or pending).

@@ -3,7 +3,13 @@
 // keys them with the job's secret): a timeout's position query (tcp/desync.hpp) and a shrink's
 // hello (tcp/shrink.hpp). Each covers the message's fields up to the MAC (its nonce among
 // them), the communicator's name and the rank it is sent to.
+#include <sys/socket.h>
+
+#include <cerrno>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
 #include <string>
 
 #include "auth.hpp"
@@ -25,6 +31,36 @@ inline tcp_auth::mac shrink_mac(const std::string& secret, const std::string& co
 inline tcp_auth::mac shrink_answer_mac(const std::string& secret, const std::string& comm, const tcp_wire::shrink_hello& h, int from,
                                        std::uint32_t code) {
   return tcp_auth::compute(secret, {"collx/shrink-answer/1", comm, tcp_auth::part::of(&h, sizeof h), std::to_string(from), std::to_string(code)});
+}
+
+/// What a connection accepted on a rank's listener opened with, looked at without reading it:
+/// a shrink's hello or a position query whose MAC holds (for this communicator, this run and
+/// this rank), one that carries either magic but no proof (`forged`), anything else (`other`:
+/// a rendezvous hello, or a stranger's bytes), too few bytes yet (`pending`), or the end.
+enum class opening { pending, shrink, query, forged, other, closed };
+struct opened {
+  opening what;
+  long got;  // bytes there (peeked)
+};
+/// `comm`: the communicator's proven name (job#session); `job`: the hash a query names.
+inline opened peek_opening(int f, const std::string& secret, const std::string& comm, int rank, int size, std::uint64_t job) {
+  tcp_wire::shrink_hello h;
+  static_assert(sizeof h >= sizeof(tcp_wire::position_query));
+  const long got = long(::recv(f, &h, sizeof h, MSG_PEEK | MSG_DONTWAIT));
+  if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return {opening::closed, 0};
+  if (got < 4) return {opening::pending, got < 0 ? 0 : got};
+  if (h.magic == tcp_wire::kShrinkHelloMagic) {
+    if (got < long(sizeof h)) return {opening::pending, got};
+    const bool ok = h.version == tcp_wire::kVersion && tcp_auth::same({h.mac, tcp_wire::kMac}, shrink_mac(secret, comm, h, rank));
+    return {ok ? opening::shrink : opening::forged, got};
+  }
+  if (h.magic != tcp_wire::kQueryMagic) return {opening::other, got};
+  tcp_wire::position_query q;
+  if (got < long(sizeof q)) return {opening::pending, got};
+  std::memcpy(&q, &h, sizeof q);
+  const bool ok = tcp_wire::check_query(std::span<const std::byte, sizeof q>(reinterpret_cast<const std::byte*>(&q), sizeof q), rank, size, job) &&
+                  tcp_auth::same({q.mac, tcp_wire::kMac}, query_mac(secret, comm, q, rank));
+  return {ok ? opening::query : opening::forged, got};
 }
 
 }  // namespace collx::transport::tcp_detail

@@ -32,10 +32,12 @@
 #include <string>
 #include <vector>
 
+#include "../../core/call_info.hpp"
 #include "../../core/error.hpp"
-#include "config.hpp"
-#include "socket.hpp"
 #include "auth.hpp"
+#include "config.hpp"
+#include "proofs.hpp"
+#include "socket.hpp"
 #include "secret.hpp"
 #include "store.hpp"
 #include "tls.hpp"
@@ -367,11 +369,12 @@ class rendezvous {
   /// a member whose connection there hangs up while this rank waits to connect to it or for its
   /// hello is gone (its process died), and the split fails at once naming it, not at the
   /// deadline (its peers then fail late, and miss the survivors' shrink).
-  void run_split(net::fd listener, const std::vector<std::string>& where, const std::string& token, bool crowded,
-                 net::clock::time_point deadline, std::vector<int> parent = {}, std::vector<int> watch = {}) {
+  void run_split(net::fd listener, const std::vector<std::string>& where, const std::string& token, const std::string& session,
+                 bool crowded, net::clock::time_point deadline, std::vector<int> parent = {}, std::vector<int> watch = {}) {
     parent_ = std::move(parent);
     watch_ = std::move(watch);
     token_ = token;
+    session_ = session;
     crowded_ = crowded;
     peers_.clear();
     peers_.resize(std::size_t(n_));
@@ -463,7 +466,7 @@ class rendezvous {
       tcp_auth::nonce na{};
       int peer = -1;         // once its hello is heard out: the rank it says it is
       net::clock::time_point until;  // from accept: a stranger's bytes never extend it
-      bool short_word = false;  // 1-3 bytes came, unread: not watched (they keep it readable), looked at every 10 ms
+      bool short_word = false;  // part of its first message came, unread: not watched (they keep it readable), looked at every 10 ms
     };
     std::vector<outgoing> outs;
     for (int q = 0; q < rank_; ++q) {
@@ -550,16 +553,20 @@ class rendezvous {
           // for the rendezvous, which would refuse it as a stranger (and fail that peer's shrink):
           // it is kept unread for the communicator's listener (early(): the query point and the
           // shrink read it).
-          // (At most as many as the communicator's listener sets aside: past that, strangers.)
-          std::uint32_t magic = 0;
-          const ssize_t p = ::recv(in.s.get(), &magic, sizeof magic, MSG_PEEK | MSG_DONTWAIT);
-          in.short_word = p > 0 && p < ssize_t(sizeof magic);
-          if (p == ssize_t(sizeof magic) && (magic == tcp_wire::kShrinkHelloMagic || magic == tcp_wire::kQueryMagic) &&
-              early_.size() < max_early()) {
+          // (Only one whose MAC holds, for this communicator and this run; at most as many as the
+          // communicator's listener sets aside: past that, strangers.)
+          const opened o = peek_opening(in.s.get(), token_, job_ + "#" + session_, rank_, n_, detail::fnv1a(job_));
+          in.short_word = o.what == opening::pending && o.got > 0;
+          if ((o.what == opening::shrink || o.what == opening::query) && early_.size() < max_early()) {
             early_.push_back(std::move(in.s));
             continue;
           }
-          if (in.short_word && net::clock::now() < in.until) continue;  // the rest of its first word comes
+          if (o.what == opening::forged) {
+            refuse(in.from, "a shrink's hello or a position query without proof that its sender holds the job's secret");
+            in.s.reset();
+            continue;
+          }
+          if (in.short_word && net::clock::now() < in.until) continue;  // the rest of its first message comes
         }
         char* into = in.peer < 0 ? reinterpret_cast<char*>(&in.h) : reinterpret_cast<char*>(&in.pr);
         const std::size_t want = in.peer < 0 ? sizeof in.h : sizeof in.pr;

@@ -504,6 +504,8 @@ class streams {
   [[noreturn]] void closed(int q, const call_info& call, int err) {
     scan_aborts(call);
     if (err == 0) lost(q, call, "its connection closed without a farewell (the process died or was killed)");
+    if (err == EPROTO && peers_[std::size_t(q)].tls)  // (tls_failed: a record whose tag does not hold)
+      garbage(q, call, "a TLS record from it does not authenticate: its bytes were changed on the way");
     lost(q, call, std::string("its connection failed: ") + std::strerror(err));
   }
   [[noreturn]] void garbage(int q, const call_info& call, const std::string& why) {
