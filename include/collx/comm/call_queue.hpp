@@ -206,7 +206,7 @@ class call_queue {
     const call_queue* prev_;
     const call_queue* prev_body_;
     call_queue* gate_call_ = nullptr;
-    std::unique_lock<std::mutex> ex_;
+    std::unique_lock<sleep_lock> ex_;
   };
 
   /// Runs f() as this communicator's calls run (holding its turn) if no call of it runs on
@@ -281,7 +281,7 @@ class call_queue {
     if (tl_running == this || tl_settling == this) {
       // Inside a call or a continuation of this queue: this thread has the turn. The calls
       // queued up to t run here, in order (nobody else may run them now).
-      const auto ex = tl_running == this ? std::unique_lock<std::mutex>() : std::unique_lock<std::mutex>(exec_);
+      const auto ex = tl_running == this ? std::unique_lock<sleep_lock>() : std::unique_lock<sleep_lock>(exec_);
       scope s(this);
       (void)run_queued(&t);
       return;
@@ -319,7 +319,7 @@ class call_queue {
     // Without a thread (it could not start), or called from it: run the rest here, waiting out
     // a gate (a continuation on another thread may make a call: it needs exec_) until the
     // deadline; what is still queued then is dropped.
-    std::unique_lock<std::mutex> ex;
+    std::unique_lock<sleep_lock> ex;
     if (tl_running != this) ex = std::unique_lock(exec_);
     const std::int64_t give_up = wall_ns() + timeout_.count();
     while (pending()) {
@@ -359,7 +359,7 @@ class call_queue {
   /// turn, a wait that runs its own call). A closed gate is waited out with no lock held, until
   /// the deadline; so is one that another thread closes while this one settles a call it ran
   /// (its exec_ let go).
-  std::unique_lock<std::mutex> take_turn(const char* what, call_task* until = nullptr, std::uint64_t upto = 0) {
+  std::unique_lock<sleep_lock> take_turn(const char* what, call_task* until = nullptr, std::uint64_t upto = 0) {
     std::unique_lock ex(exec_);
     std::int64_t waiting = 0;
     for (;;) {
@@ -600,7 +600,7 @@ class call_queue {
   std::atomic<bool> stop_{false};
   std::atomic<bool> started_{false};  // a producer started the thread
   std::mutex start_mu_;               // the thread's handle, between its start and shutdown
-  std::mutex exec_;                   // held by the thread running this communicator's calls
+  sleep_lock exec_;                   // held by the thread running this communicator's calls
   // The gate: closed while a call's continuations run (settle), with no lock held.
   std::atomic<bool> gate_{false};
   std::atomic<std::int64_t> gate_since_{0};  // wall_ns when it closed

@@ -90,6 +90,33 @@ class yield_lock {
   std::atomic<bool> held_{false};
 };
 
+/// A lock held for as long as a call runs (the call queue's exec_), so a contended taker
+/// sleeps: on a futex of this process (0 free, 1 held, 2 held with sleepers). Taking and letting
+/// go of it uncontended is one atomic operation each, inline; std::mutex's pthread calls cost
+/// ~55 instructions a pair more on every collective call.
+class sleep_lock {
+ public:
+  void lock() noexcept {
+    std::uint32_t c = 0;
+    if (word_.compare_exchange_strong(c, 1, std::memory_order_acquire, std::memory_order_relaxed)) return;
+    if (c != 2) c = word_.exchange(2, std::memory_order_acquire);
+    while (c != 0) {
+      futex_wait(word_, 2, kSleepSlice, false);
+      c = word_.exchange(2, std::memory_order_acquire);
+    }
+  }
+  bool try_lock() noexcept {
+    std::uint32_t c = 0;
+    return word_.compare_exchange_strong(c, 1, std::memory_order_acquire, std::memory_order_relaxed);
+  }
+  void unlock() noexcept {
+    if (word_.exchange(0, std::memory_order_release) == 2) futex_wake_all(word_, false);
+  }
+
+ private:
+  std::atomic<std::uint32_t> word_{0};
+};
+
 enum class wait_result { ready, timed_out };
 
 /// Waits until done() holds. check() is called between sleeps and may throw (a failed peer, an

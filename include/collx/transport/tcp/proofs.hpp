@@ -44,21 +44,25 @@ struct opened {
 };
 /// `comm`: the communicator's proven name (job#session); `job`: the hash a query names.
 inline opened peek_opening(int f, const std::string& secret, const std::string& comm, int rank, int size, std::uint64_t job) {
-  tcp_wire::shrink_hello h;
-  static_assert(sizeof h >= sizeof(tcp_wire::position_query));
-  const long got = long(::recv(f, &h, sizeof h, MSG_PEEK | MSG_DONTWAIT));
+  std::byte raw[sizeof(tcp_wire::shrink_hello)];
+  static_assert(sizeof raw >= sizeof(tcp_wire::position_query));
+  const long got = long(::recv(f, raw, sizeof raw, MSG_PEEK | MSG_DONTWAIT));
   if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return {opening::closed, 0};
   if (got < 4) return {opening::pending, got < 0 ? 0 : got};
-  if (h.magic == tcp_wire::kShrinkHelloMagic) {
+  std::uint32_t magic = 0;
+  std::memcpy(&magic, raw, sizeof magic);
+  if (magic == tcp_wire::kShrinkHelloMagic) {
+    tcp_wire::shrink_hello h;
     if (got < long(sizeof h)) return {opening::pending, got};
+    std::memcpy(static_cast<void*>(&h), raw, sizeof h);
     const bool ok = h.version == tcp_wire::kVersion && tcp_auth::same({h.mac, tcp_wire::kMac}, shrink_mac(secret, comm, h, rank));
     return {ok ? opening::shrink : opening::forged, got};
   }
-  if (h.magic != tcp_wire::kQueryMagic) return {opening::other, got};
+  if (magic != tcp_wire::kQueryMagic) return {opening::other, got};
   tcp_wire::position_query q;
   if (got < long(sizeof q)) return {opening::pending, got};
-  std::memcpy(&q, &h, sizeof q);
-  const bool ok = tcp_wire::check_query(std::span<const std::byte, sizeof q>(reinterpret_cast<const std::byte*>(&q), sizeof q), rank, size, job) &&
+  std::memcpy(static_cast<void*>(&q), raw, sizeof q);
+  const bool ok = tcp_wire::check_query(std::span<const std::byte, sizeof q>(raw, sizeof q), rank, size, job) &&
                   tcp_auth::same({q.mac, tcp_wire::kMac}, query_mac(secret, comm, q, rank));
   return {ok ? opening::query : opening::forged, got};
 }
