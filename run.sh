@@ -81,7 +81,7 @@ case "${1:-}" in
     ./build-demo/bench/collx-perf --demo --transport tcp    # ranks as processes over TCP sockets
     ;;
   test)
-    need "${base_pkgs[@]}" catch2 libbenchmark-dev openmpi-bin libopenmpi-dev clang libclang-rt-14-dev iproute2 libeigen3-dev \
+    need "${base_pkgs[@]}" catch2 libbenchmark-dev openmpi-bin libopenmpi-dev openssh-client clang libclang-rt-14-dev iproute2 libeigen3-dev \
       python3-torch libtorch-dev pybind11-dev
     # The Catch2 suite runs once, in the sanitizer builds below (clang builds it ~3.5x faster than
     # g++); the release build checks everything else with g++ at the flags users build with:

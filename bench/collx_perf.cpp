@@ -1081,6 +1081,9 @@ config parse(int argc, char** argv) {
     else return false;
     return true;
   });
+  if (const collx::transport_entry* t = collx::find_transport(cfg.transport); t != nullptr && t->ranks == collx::rank_kind::mpi)
+    throw usage_error("--transport mpi: MPI's launcher starts those ranks: run `mpirun -np N mpi-perf --collx` (bench/mpi_perf.cpp, "
+                      "docs/mpi.md), beside `mpirun -np N mpi-perf` for MPI's own collectives");
   if (const collx::transport_entry* t = collx::find_transport(cfg.transport); t == nullptr || t->ranks == collx::rank_kind::device)
     throw usage_error("--transport '" + cfg.transport + "' is not available: " +
                       collx::transport_flags(collx::rank_kind::threads, collx::rank_kind::processes, collx::rank_kind::hosts) +

@@ -15,9 +15,10 @@ inline const std::vector<int>& process_ranks() {
   return v;
 }
 
+/// `ranks`: the rank counts to sweep (a launcher with a fixed world, MPI's, passes those it has).
 template <class L, class Algo>
-void check_reducing_matrix() {
-  for (int n : process_ranks())
+void check_reducing_matrix(const std::vector<int>& ranks = process_ranks()) {
+  for (int n : ranks)
     for (std::size_t count : counts_for(n)) {
       CAPTURE(n, count);
       const std::size_t k = count / std::size_t(n) + (count % 2);
@@ -29,8 +30,8 @@ void check_reducing_matrix() {
 }
 
 template <class L, class Algo>
-void check_moving_matrix() {
-  for (int n : process_ranks())
+void check_moving_matrix(const std::vector<int>& ranks = process_ranks()) {
+  for (int n : ranks)
     for (std::size_t count : counts_for(n)) {
       CAPTURE(n, count);
       const std::size_t k = count / std::size_t(n) + (count % 2);

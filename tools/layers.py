@@ -24,7 +24,7 @@ FLOORS = [
     ("ops", "the reduction functors and how a chunk is reduced"),
     ("algo", "the policies, each its schedule and cost; the cost model; automatic"),
     ("device", "device plans: a schedule lowered for a kernel to walk; their memory"),
-    ("transport", "inproc, shm, tcp, and decorators (counting, any, planned)"),
+    ("transport", "inproc, shm, tcp, mpi, and decorators (counting, any, planned)"),
     ("comm", "the communicator: call order, progress thread, schedule cache, flight recorder"),
     ("collectives", "the executor (a schedule run on a transport) and every collective"),
     ("features", "groups (split, mesh, shrink), async and fused calls, buckets, device IPC"),

@@ -16,6 +16,7 @@ enum class rank_kind : unsigned char {
   processes,  // processes of one host
   hosts,      // processes anywhere they can reach each other
   device,     // GPUs (the ranks' memory is device memory)
+  mpi,        // processes an MPI launcher started, over MPI (its own header: not launched by name)
 };
 
 struct transport_entry {
@@ -34,6 +35,10 @@ inline constexpr std::array kTransports{
     transport_entry{"inproc", "threads", "threads of this process", rank_kind::threads, 6.1e-6, 1.2e-10, 1.2e-10},
     transport_entry{"shm", "shm", "processes over shared memory", rank_kind::processes, 2.1e-7, 7.3e-11, 1.2e-10},
     transport_entry{"tcp", "tcp", "processes over tcp", rank_kind::hosts, 4.0e-6, 4.5e-10, 1.2e-10},
+    // mpi's are estimated, not measured yet: Open MPI's shared memory path on the development
+    // machine (ob1 over vader: a small message's round trip ~1 us, CMA single copy); a network's
+    // are the machine's own calibration's to give
+    transport_entry{"mpi", "mpi", "processes over MPI", rank_kind::mpi, 2.0e-6, 1.5e-10, 1.2e-10},
     transport_entry{"cuda", "cuda", "thread-ranks on GPUs of this process", rank_kind::device, 2.0e-6, 5.0e-13, 2.5e-13},
     transport_entry{"cuda-ipc", "cuda-ipc", "processes on GPUs of one host", rank_kind::device, 8.0e-6, 2.2e-12, 2.5e-13},
 };
