@@ -150,7 +150,7 @@ TEST_CASE("over mpi: send, recv and recv_any, then a split and its own collectiv
       for (int q = 1; q < n; ++q)
         if (seen[std::size_t(q)] != 1) throw std::runtime_error("recv_any: rank " + std::to_string(q) + " seen " + std::to_string(seen[std::size_t(q)]) + " times");
     }
-    // even and odd ranks: each half its own all_reduce, twice, and the parent after
+    // even and odd ranks: each half its own all_reduce, and the parent's after
     auto half = comm.split(r % 2, r);
     std::vector<double> x(100003, double(r));
     collx::all_reduce(half, std::span{x}, collx::ops::sum{});
@@ -211,6 +211,80 @@ TEST_CASE("over mpi: a rank that fails ends its peers' waits at once with its re
     CHECK_THAT(e.what(), Contains("999 x 4 B") && Contains("1000 x 4 B"));
   }
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20));  // (the deadline: 60 s)
+}
+
+TEST_CASE("over mpi: a send waiting on a receiver that failed ends with the receiver's reason, not at the deadline", "[mpi][faults]") {
+  // Before: a send MPI still held answered the engine "moved" on every sweep, so the engine never
+  // waited: no deadline, no notice looked at, the sender spun for good.
+  if (world_size() < 2) return;
+  collx::options o;
+  o.timeout = std::chrono::seconds(60);
+  for (const std::size_t count : {std::size_t(10), std::size_t(1) << 18}) {  // inline, and a payload of its own
+    CAPTURE(count);
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      mpi_ranks{}(2, [&](auto& comm) {
+        std::vector<float> v(count, 1.0f);
+        if (comm.rank() == 0) collx::send(comm, std::span<const float>{v}, 1);
+        else collx::broadcast(comm, std::span{v}, 7);  // a bad root: this rank fails, and says so
+      }, o);
+      FAIL("no error");
+    } catch (const collx::error& e) {
+      CHECK_THAT(e.what(), Contains("root"));
+    }
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20));
+  }
+}
+
+TEST_CASE("over mpi: a call after a failed one fails too, never taking the failed call's data", "[mpi][faults]") {
+  // A mismatch on a large message leaves its payload in MPI; a later call of the same sizes on
+  // both sides must not take it (before: the transport went on, and its payload count had moved
+  // on one side only).
+  if (world_size() < 2) return;
+  collx::options o;
+  o.timeout = std::chrono::seconds(10);
+  std::string second;
+  try {
+    mpi_ranks{}(2, [&](auto& comm) {
+      std::vector<float> a(comm.rank() == 0 ? 8192 : 8000, float(comm.rank() + 1));
+      try {
+        collx::all_reduce(comm, std::span{a}, collx::ops::sum{}, algo::ring{});
+      } catch (const collx::error&) {
+      }
+      std::vector<float> b(8192, 5.0f);
+      collx::all_reduce(comm, std::span{b}, collx::ops::sum{}, algo::ring{});
+      for (float e : b)
+        if (e != 10.0f) throw std::runtime_error("the second call returned the first one's data");
+    }, o);
+    FAIL("no error");
+  } catch (const collx::error& e) {
+    second = e.what();
+  }
+  CHECK_THAT(second, !Contains("first one's data"));
+  CHECK_THAT(second, Contains("already failed") || Contains("failed"));
+}
+
+TEST_CASE("over mpi: recv_any takes a large message as a small one", "[mpi][p2p]") {
+  const int w = world_size();
+  if (w < 2) return;
+  mpi_ranks{}(w, [&](auto& comm) {
+    const int r = comm.rank(), n = comm.size();
+    if (r != 0) {
+      std::vector<int> v(100003, r);
+      collx::send(comm, std::span<const int>{v}, 0);
+    } else {
+      std::vector<int> seen(std::size_t(n), 0);
+      for (int k = 1; k < n; ++k) {
+        std::vector<int> in(100003);
+        const int q = collx::recv_any(comm, std::span{in});
+        for (int x : in)
+          if (x != q) throw std::runtime_error("recv_any: wrong data from rank " + std::to_string(q));
+        ++seen[std::size_t(q)];
+      }
+      for (int q = 1; q < n; ++q)
+        if (seen[std::size_t(q)] != 1) throw std::runtime_error("recv_any: rank " + std::to_string(q) + " seen " + std::to_string(seen[std::size_t(q)]) + " times");
+    }
+  });
 }
 
 TEST_CASE("over mpi: a peer that never comes is named at the deadline, MPI's receive cancelled", "[mpi][faults]") {

@@ -46,6 +46,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -105,7 +106,7 @@ struct notice {
 struct shared_comm {
   MPI_Comm c = MPI_COMM_NULL;
   long tag_ub = 32767;  // the largest tag (MPI_TAG_UB: at least 32767)
-  int on_host = 1;      // ranks on this rank's host (MPI_COMM_TYPE_SHARED): how long a wait spins
+  int on_host = 1;      // ranks on this rank's host (by processor name): how long a wait spins
   shared_comm() = default;
   shared_comm(const shared_comm&) = delete;
   shared_comm& operator=(const shared_comm&) = delete;
@@ -141,6 +142,15 @@ inline std::shared_ptr<shared_comm> kept_on(MPI_Comm c) {
 inline void keep_on(MPI_Comm c, const std::shared_ptr<shared_comm>& sc) {
   auto* v = new std::shared_ptr<shared_comm>(sc);
   if (MPI_Comm_set_attr(c, dup_keyval(), v) != MPI_SUCCESS) delete v;
+}
+
+/// A request that did not complete by its deadline, and what it writes into: let go, the memory
+/// kept for good (MPI may still complete it).
+template <class T>
+void abandon(std::shared_ptr<T> memory, MPI_Request& r) {
+  static auto* kept = new std::vector<std::shared_ptr<void>>;
+  kept->push_back(std::move(memory));
+  MPI_Request_free(&r);
 }
 
 /// Waits for request r until `deadline` (MPI's collectives have none of their own).
@@ -184,28 +194,44 @@ class mpi {
     if (!sc) {
       sc = std::make_shared<mpi_detail::shared_comm>();
       check(MPI_Comm_idup(comm, &sc->c, &rq), "MPI_Comm_idup");
-      if (!mpi_detail::wait_until(rq, deadline))
+      if (!mpi_detail::wait_until(rq, deadline)) {
+        mpi_detail::abandon(sc, rq);
         throw error(errc::timeout, "mpi: MPI_Comm_idup did not complete in time: does every rank of the communicator make its collx transport?");
+      }
       check(MPI_Comm_set_errhandler(sc->c, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
       void* ub = nullptr;
       int has = 0;
       if (MPI_Comm_get_attr(sc->c, MPI_TAG_UB, &ub, &has) == MPI_SUCCESS && has && ub != nullptr) sc->tag_ub = *static_cast<int*>(ub);
-      MPI_Comm shared = MPI_COMM_NULL;
-      if (MPI_Comm_split_type(sc->c, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &shared) == MPI_SUCCESS && shared != MPI_COMM_NULL) {
-        MPI_Comm_size(shared, &sc->on_host);
-        MPI_Comm_free(&shared);
+      // ranks on this host: those whose processor name hashes alike (a gather under the
+      // deadline; MPI_Comm_split_type would block without one)
+      int me = 0, size = 1;
+      MPI_Comm_rank(sc->c, &me);
+      MPI_Comm_size(sc->c, &size);
+      char host[MPI_MAX_PROCESSOR_NAME] = {};
+      int len = 0;
+      MPI_Get_processor_name(host, &len);
+      auto hashes = std::make_shared<std::vector<std::uint64_t>>(std::size_t(size) + 1);
+      (*hashes)[std::size_t(size)] = detail::fnv1a(std::string_view(host, std::size_t(std::max(len, 0))));
+      check(MPI_Iallgather(hashes->data() + size, 1, MPI_UINT64_T, hashes->data(), 1, MPI_UINT64_T, sc->c, &rq), "MPI_Iallgather");
+      if (!mpi_detail::wait_until(rq, deadline)) {
+        mpi_detail::abandon(hashes, rq);
+        throw error(errc::timeout, "mpi: the ranks' host names did not all come in time");
       }
+      sc->on_host = int(std::count(hashes->begin(), hashes->begin() + size, (*hashes)[std::size_t(size)]));
       mpi_detail::keep_on(comm, sc);
     }
     check(MPI_Comm_rank(sc->c, &rank_), "MPI_Comm_rank");
     check(MPI_Comm_size(sc->c, &n_), "MPI_Comm_size");
     // the salt: rank 0's draw, for every rank
-    std::uint64_t salt = 0;
-    if (rank_ == 0) salt = std::chrono::steady_clock::now().time_since_epoch().count() ^ (std::uint64_t(::getpid()) << 32) ^ detail::fnv1a("collx/mpi");
-    check(MPI_Ibcast(&salt, 1, MPI_UINT64_T, 0, sc->c, &rq), "MPI_Ibcast");
-    if (!mpi_detail::wait_until(rq, deadline)) throw error(errc::timeout, "mpi: the communicator's salt did not come from rank 0 in time");
+    auto salt = std::make_shared<std::uint64_t>(0);
+    if (rank_ == 0) *salt = std::chrono::steady_clock::now().time_since_epoch().count() ^ (std::uint64_t(::getpid()) << 32) ^ detail::fnv1a("collx/mpi");
+    check(MPI_Ibcast(salt.get(), 1, MPI_UINT64_T, 0, sc->c, &rq), "MPI_Ibcast");
+    if (!mpi_detail::wait_until(rq, deadline)) {
+      mpi_detail::abandon(salt, rq);
+      throw error(errc::timeout, "mpi: the communicator's salt did not come from rank 0 in time");
+    }
     comm_ = std::move(sc);
-    salt_ = salt;
+    salt_ = *salt;
     setup();
   }
 
@@ -219,6 +245,9 @@ class mpi {
       int provided = 0;
       const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
       if (rc != MPI_SUCCESS) throw error(errc::transport_error, "mpi: MPI_Init_thread failed: " + mpi_detail::words(rc));
+      if (provided < MPI_THREAD_MULTIPLE)
+        throw error(errc::transport_error, "mpi: this MPI gives thread level " + std::to_string(provided) +
+                                               ", not MPI_THREAD_MULTIPLE, which collx's progress thread (collx::async) needs");
       std::atexit([] {
         int done = 0;
         MPI_Finalized(&done);
@@ -249,10 +278,18 @@ class mpi {
   detail::position_board positions() const noexcept { return {board_.get(), sizeof(detail::position), n_}; }
 
   void exchange(std::span<const send_desc> s, std::span<const recv_desc> r, const exchange_context& ctx) {
+    const call_info& call = *ctx.call;
+    if (notified_) call.fail(errc::peer_lost, "the mpi transport of this rank already failed: " + failed_why_);
     try {
       engine::exchange(*this, st_, s, r, ctx);
+      // A peer that failed while this step ran may have let go a send from memory it no longer
+      // vouches for: whatever came from it is not taken (its notice comes before it goes).
+      poll_notices();
+      for (int q = 0; q < n_; ++q)
+        if (failed_[std::size_t(q)] && q != rank_)
+          call.fail(errc::peer_lost, std::string(call_info::kAbortedWhile) + " this step ran: " + call.peer(q) + " failed: " + reason_[std::size_t(q)]);
     } catch (...) {
-      cancel_pending();  // no receive may land in the caller's memory after the call has failed
+      cancel_pending();
       throw;
     }
   }
@@ -264,6 +301,7 @@ class mpi {
   void abort(const std::string& why) noexcept {
     if (!comm_ || notified_) return;
     notified_ = true;
+    failed_why_ = why;
     for (int q = 0; q < n_; ++q) {
       if (q == rank_) continue;
       auto& nb = notices_out_.emplace_back();
@@ -271,7 +309,7 @@ class mpi {
       nb.len = std::uint32_t(std::min(why.size(), sizeof nb.reason));
       std::memcpy(nb.reason, why.data(), nb.len);
       MPI_Request rq;
-      if (MPI_Isend(&nb, int(sizeof nb), MPI_BYTE, at(q), tag(kNoticeTag), comm_->c, &rq) == MPI_SUCCESS) sent_.push_back(rq);
+      if (MPI_Isend(&nb, int(sizeof nb), MPI_BYTE, at(q), notice_tag(), comm_->c, &rq) == MPI_SUCCESS) sent_.push_back(rq);
     }
   }
   /// Leaves the communicator: nothing to tell (a peer still waiting for this rank meets its
@@ -310,24 +348,29 @@ class mpi {
     send_state& st = s.so[i].s;
     const send_desc& d = s.sends[i];
     const call_info& call = *s.call;
+    bool posted_now = false;
     if (st.posted == 0) {
+      fits_int(call, d.bytes, d.peer);
       if (out_.size() <= i) out_.resize(i + 1);
       std::vector<std::byte>& b = out_[i];
       const bool inline_ = d.bytes <= kInline;
-      b.resize(sizeof(mpi_detail::header) + (inline_ ? d.bytes : 0));
+      // (a spread payload is packed after the header, in the one buffer sized here: nothing
+      // resizes it while MPI holds the header)
+      b.resize(sizeof(mpi_detail::header) + (inline_ || d.data == nullptr ? d.bytes : 0));
+      const std::size_t head_bytes = sizeof(mpi_detail::header) + (inline_ ? d.bytes : 0);
       mpi_detail::header h;
       h.bytes = d.bytes;
       h.sig = call.sig;
       std::memcpy(b.data(), &h, sizeof h);
       if (inline_ && d.bytes != 0) detail::gather(b.data() + sizeof h, d, 0, d.bytes);
       const bool sync = s.ctx->synchronous;
-      check_call(call, (sync && inline_ ? MPI_Issend : MPI_Isend)(b.data(), int(b.size()), MPI_BYTE, at(d.peer), tag(kHeadTag), comm_->c, &st.rq[0]),
+      check_call(call, (sync && inline_ ? MPI_Issend : MPI_Isend)(b.data(), int(head_bytes), MPI_BYTE, at(d.peer), head_tag(), comm_->c, &st.rq[0]),
                  "MPI_Isend", d.peer);
       st.posted = 1;
+      posted_now = true;
       if (!inline_) {
         const std::byte* from = d.data;
         if (from == nullptr) {  // spread: packed after the header
-          b.resize(sizeof h + d.bytes);
           detail::gather(b.data() + sizeof h, d, 0, d.bytes);
           from = b.data() + sizeof h;
         }
@@ -338,7 +381,9 @@ class mpi {
     }
     int flag = 0;
     check_call(call, MPI_Testall(st.posted, st.rq, &flag, MPI_STATUSES_IGNORE), "MPI_Test", d.peer);
-    return flag ? engine::moved::done : engine::moved::some;
+    // (`some` only when it was posted now: an answer of `some` while MPI still holds it would
+    // keep the engine sweeping, never waiting, never meeting its deadline or a peer's notice)
+    return flag ? engine::moved::done : engine::some_if(posted_now);
   }
 
   engine::moved try_recv(step& s, std::size_t i) {
@@ -355,7 +400,7 @@ class mpi {
       } else {
         if (!st.head_posted) {
           b.resize(sizeof(mpi_detail::header) + kInline);
-          check_call(call, MPI_Irecv(b.data(), int(b.size()), MPI_BYTE, at(d.peer), tag(kHeadTag), comm_->c, &st.rq), "MPI_Irecv", d.peer);
+          check_call(call, MPI_Irecv(b.data(), int(b.size()), MPI_BYTE, at(d.peer), head_tag(), comm_->c, &st.rq), "MPI_Irecv", d.peer);
           st.head_posted = true;
         }
         int flag = 0;
@@ -378,6 +423,7 @@ class mpi {
       }
     }
     if (!st.data_posted) {
+      fits_int(call, d.bytes, d.peer);
       std::size_t room = d.bytes;
       std::byte* to = d.how == combine::copy ? detail::recv_target(d, 0, room) : nullptr;
       st.staged = to == nullptr || room < d.bytes;
@@ -432,7 +478,7 @@ class mpi {
         int flag = 0;
         MPI_Message m;
         MPI_Status status;
-        check_call(call, MPI_Improbe(at(q), tag(kHeadTag), comm_->c, &flag, &m, &status), "MPI_Improbe", q);
+        check_call(call, MPI_Improbe(at(q), head_tag(), comm_->c, &flag, &m, &status), "MPI_Improbe", q);
         if (!flag) continue;
         int got = 0;
         MPI_Get_count(&status, MPI_BYTE, &got);
@@ -448,16 +494,26 @@ class mpi {
 
  private:
   mpi() = default;
-  static constexpr std::uint64_t kHeadTag = 0, kNoticeTag = 1, kDataTags = 2;
   /// Peer q's rank on the duplicate.
   int at(int q) const noexcept { return map_.empty() ? q : map_[std::size_t(q)]; }
-  /// The tag k steps from this communicator's salt (tags below 16 are left to nobody).
-  int tag(std::uint64_t k) const noexcept {
-    const std::uint64_t room = std::uint64_t(comm_->tag_ub) - 16;
-    return int(16 + (salt_ + k) % room);
+  // Tags: [16, 16 + 2R) holds each communicator's header and notice tags (a pair chosen by its
+  // salt among R), the rest its large payloads' (a window starting at its salt, stepped by the
+  // running count of the pair's payloads). A header or notice never meets a payload's tag.
+  std::uint64_t pairs() const noexcept { return std::uint64_t(comm_->tag_ub - 16) / 4; }
+  int head_tag() const noexcept { return int(16 + 2 * (salt_ % pairs())); }
+  int notice_tag() const noexcept { return head_tag() + 1; }
+  int data_tag(std::uint64_t k) const noexcept {
+    const std::uint64_t first = 16 + 2 * pairs(), room = std::uint64_t(comm_->tag_ub) - first;
+    return int(first + (salt_ / 7 + k) % room);
   }
-  /// The tag of the k-th large payload between a pair of ranks (a running count each way).
-  int data_tag(std::uint64_t k) const noexcept { return tag(kDataTags + k % (std::uint64_t(comm_->tag_ub) / 2)); }
+  /// MPI counts in int: a larger message is refused, naming the limit (tcp and shm take it).
+  static void fits_int(const call_info& call, std::size_t bytes, int peer) {
+    if (bytes > std::size_t(INT_MAX))
+      call.fail(errc::invalid_argument, "a message of " + std::to_string(bytes) + " B to or from " + call.peer(peer) +
+                                            " is more than MPI's int count takes (2 GiB): transport::mpi moves messages up to 2 GiB "
+                                            "(a collective's largest message is a block of its buffer: its size over the ranks for "
+                                            "ring and recursive_halving)");
+  }
   void setup() {
     failed_.assign(std::size_t(n_), false);
     reason_.assign(std::size_t(n_), {});
@@ -475,7 +531,8 @@ class mpi {
     salt_ = o.salt_;
     spins_ = o.spins_;
     notified_ = o.notified_;
-    sends_let_go_ = o.sends_let_go_;
+    failed_why_ = std::move(o.failed_why_);
+    let_go_ = o.let_go_;
     failed_ = std::move(o.failed_);
     reason_ = std::move(o.reason_);
     aside_ = std::move(o.aside_);
@@ -491,14 +548,15 @@ class mpi {
     if (!comm_) return;
     int done = 0;
     MPI_Finalized(&done);
-    if (!done && (!sent_.empty() || sends_let_go_)) {
-      // Notices not delivered yet, and the sends of a failed step, go on without this rank
-      // waiting: MPI may still read their buffers, which are kept (a failing process does not
-      // live long).
+    if (!done && (!sent_.empty() || let_go_)) {
+      // Notices not delivered yet, and the operations of a failed step, go on without this rank
+      // waiting: MPI may still use their buffers, which are kept (a failing process does not
+      // live long). A send let go from the caller's memory may still be read from it: its
+      // receiver's step fails all the same (this rank's notice comes first; exchange).
       for (MPI_Request& r : sent_) MPI_Request_free(&r);
-      struct left { std::deque<mpi_detail::notice> notices; std::vector<std::vector<std::byte>> out; };
+      struct left { std::deque<mpi_detail::notice> notices; std::vector<std::vector<std::byte>> out, in; };
       static auto* kept = new std::vector<left>;
-      kept->push_back({std::move(notices_out_), std::move(out_)});
+      kept->push_back({std::move(notices_out_), std::move(out_), std::move(in_)});
     }
     comm_.reset();
   }
@@ -508,11 +566,11 @@ class mpi {
     for (;;) {
       int flag = 0;
       MPI_Status status;
-      if (MPI_Iprobe(MPI_ANY_SOURCE, tag(kNoticeTag), comm_->c, &flag, &status) != MPI_SUCCESS || !flag) return;
+      if (MPI_Iprobe(MPI_ANY_SOURCE, notice_tag(), comm_->c, &flag, &status) != MPI_SUCCESS || !flag) return;
       mpi_detail::notice nb;
       int got = 0;
       MPI_Get_count(&status, MPI_BYTE, &got);
-      if (MPI_Recv(&nb, int(sizeof nb), MPI_BYTE, status.MPI_SOURCE, tag(kNoticeTag), comm_->c, MPI_STATUS_IGNORE) != MPI_SUCCESS) return;
+      if (MPI_Recv(&nb, int(sizeof nb), MPI_BYTE, status.MPI_SOURCE, notice_tag(), comm_->c, MPI_STATUS_IGNORE) != MPI_SUCCESS) return;
       if (got != int(sizeof nb) || nb.magic != mpi_detail::kMagic || nb.what != mpi_detail::kind::failed || nb.comm != salt_) continue;
       int q = status.MPI_SOURCE;
       if (!map_.empty()) q = int(std::find(map_.begin(), map_.end(), q) - map_.begin());
@@ -524,26 +582,36 @@ class mpi {
   /// The failed step's operations still under way: receives cancelled (waited for a second at
   /// most, else let go), sends let go.
   void cancel_pending() noexcept {
-    auto settle = [](MPI_Request& r, bool cancel) {
-      if (r == MPI_REQUEST_NULL) return;
-      if (cancel) MPI_Cancel(&r);
-      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-      int flag = 0;
-      while (cancel && !flag && std::chrono::steady_clock::now() < until) {
-        if (MPI_Test(&r, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
-        if (!flag) std::this_thread::yield();
-      }
-      if (!flag && r != MPI_REQUEST_NULL) MPI_Request_free(&r);
-    };
+    std::vector<MPI_Request*> recvs;
     for (std::size_t i = 0; i < st_.ro.size(); ++i) {
       recv_state& r = st_.ro[i].s;
-      if (!st_.ro[i].done && ((r.head_posted && !r.head_done) || r.data_posted)) settle(r.rq, true);
+      if (!st_.ro[i].done && ((r.head_posted && !r.head_done) || r.data_posted) && r.rq != MPI_REQUEST_NULL) {
+        MPI_Cancel(&r.rq);
+        recvs.push_back(&r.rq);
+      }
     }
+    // (all at once, a second in all: a receive already matched cannot be cancelled and ends
+    // when its data has come)
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    for (bool open = !recvs.empty(); open && std::chrono::steady_clock::now() < until;) {
+      open = false;
+      for (MPI_Request* r : recvs) {
+        int flag = 0;
+        if (*r != MPI_REQUEST_NULL && MPI_Test(r, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && !flag) open = true;
+      }
+      if (open) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+    for (MPI_Request* r : recvs)
+      if (*r != MPI_REQUEST_NULL) {
+        MPI_Request_free(r);  // still under way: its staging buffer is kept (release)
+        let_go_ = true;
+      }
     for (std::size_t i = 0; i < st_.so.size(); ++i) {
       send_state& t = st_.so[i].s;
       if (!st_.so[i].done && t.posted > 0) {
-        for (int k = 0; k < t.posted; ++k) settle(t.rq[k], false);
-        sends_let_go_ = true;
+        for (int k = 0; k < t.posted; ++k)
+          if (t.rq[k] != MPI_REQUEST_NULL) MPI_Request_free(&t.rq[k]);
+        let_go_ = true;
       }
     }
   }
@@ -577,8 +645,9 @@ class mpi {
   int rank_ = 0, n_ = 1;
   std::uint64_t salt_ = 0;  // this communicator's tags (see the top)
   int spins_ = detail::kSpinIterations;
-  bool notified_ = false;
-  bool sends_let_go_ = false;  // a failed step's sends were let go under way (their buffers are kept)
+  bool notified_ = false;  // this rank failed (abort): later calls fail at once
+  std::string failed_why_;
+  bool let_go_ = false;  // a failed step's operations were let go under way (their buffers are kept)
   std::chrono::nanoseconds nap_ = kFirstNap;
   std::vector<bool> failed_;
   std::vector<std::string> reason_;
