@@ -42,7 +42,10 @@ struct outcome {
 /// The first n ranks of the world run f(comm) over transport::mpi; the others wait. Every process
 /// of the world throws the case's failure when any of its ranks failed (launch/processes.hpp,
 /// job_failure), as launch_processes throws it.
-struct mpi_ranks {
+/// `Nodes`: over transport::two_level<shm, mpi> instead, the world's ranks in nodes of two
+/// (COLLX_NODE: ranks 0-1, 2-3, ...; shm within each, mpi across).
+template <bool Nodes = false>
+struct mpi_ranks_t {
   template <class F>
   void operator()(int n, F&& f, collx::options o = {}) const {
     const int me = world_rank();
@@ -55,11 +58,21 @@ struct mpi_ranks {
       made[std::size_t(n)] = true;
     }
     const MPI_Comm sub = subs[std::size_t(n)];
+    static int cases = 0;  // (every process comes here for every case: the same count on each)
+    ++cases;
     outcome mine;
     if (sub != MPI_COMM_NULL) {
       try {
-        collx::communicator<collx::transport::mpi> comm{collx::transport::mpi(sub), o};
-        f(comm);
+        if constexpr (Nodes) {
+          ::setenv("COLLX_NODE", ("node" + std::to_string(me / 2)).c_str(), 1);
+          const std::string job = collx::launch_info_from_env().job + ".case" + std::to_string(cases);
+          using two = collx::transport::two_level<collx::transport::shm, collx::transport::mpi>;
+          collx::communicator<two> comm{two::connect(collx::transport::mpi(sub), job), o};
+          f(comm);
+        } else {
+          collx::communicator<collx::transport::mpi> comm{collx::transport::mpi(sub), o};
+          f(comm);
+        }
       } catch (const collx::error& e) {
         mine.failed = 1;
         mine.code = e.code().value();
@@ -79,6 +92,9 @@ struct mpi_ranks {
     if (!failures.empty()) throw collx::detail::job_failure(failures, n);
   }
 };
+
+using mpi_ranks = mpi_ranks_t<false>;
+using mpi_nodes = mpi_ranks_t<true>;
 
 /// Whether the world has n processes for a case.
 bool fits(int n) { return n <= world_size(); }
@@ -332,6 +348,16 @@ TEST_CASE("over mpi: a rank killed mid-collective ends the job, no survivor with
       }
     }
   }, o);
+}
+
+TEST_CASE("two_level<shm, mpi>: nodes of two ranks, shm within and mpi across: algo::two_level and flat policies", "[mpi][two_level]") {
+  for (int n : world_ranks()) {
+    CAPTURE(n);
+    CHECK(collx_test::run_all_reduce<float, collx::ops::sum, algo::two_level, mpi_nodes>(n, 100003, false) == "");
+    CHECK(collx_test::run_all_reduce<std::int32_t, collx::ops::sum, algo::two_level, mpi_nodes>(n, 7, true) == "");
+    CHECK(collx_test::run_all_reduce<float, collx::ops::sum, algo::ring, mpi_nodes>(n, 100003, true) == "");
+    CHECK(collx_test::run_all_gather<float, algo::recursive_halving, mpi_nodes>(n, 1001) == "");
+  }
 }
 
 int main(int argc, char** argv) {

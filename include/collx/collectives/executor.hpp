@@ -17,6 +17,7 @@
 #include "../core/schedule.hpp"
 #include "../core/call_info.hpp"
 #include "../core/deliver.hpp"
+#include "../core/topology.hpp"
 
 /// Argument checks, done before anything is sent: the message is built only on failure, and a
 /// failure fails the communicator for every rank (detail::fail_argument), as any other does.
@@ -272,6 +273,19 @@ void execute(communicator<T>& comm, const call_info& call, const schedule& s, co
 template <class T, class E, class Op>
 void execute(communicator<T>& comm, const call_info& call, const schedule& s, const E* in, E* out, const Op& op) {
   execute<T, E, Op>(comm, call, s, flat_buffers<E>{in, out}, op);
+}
+
+/// f(the node map of comm's transport): its own (transport::two_level), looking through
+/// decorators (counting, any's inner()), else one node of every rank.
+template <class T, class F>
+decltype(auto) with_nodes(communicator<T>& comm, F&& f) {
+  auto find = [&](auto& self, const auto& t) -> const node_map* {
+    if constexpr (requires { t.nodes(); }) return &t.nodes();
+    else if constexpr (requires { t.inner(); }) return self(self, t.inner());
+    else return nullptr;
+  };
+  if (const node_map* m = find(find, comm.transport())) return f(*m);
+  return f(node_map::of_sizes({comm.size()}));
 }
 
 /// A schedule's kind: its address tells the (policy, problem, variant) types apart. Not const:

@@ -440,11 +440,13 @@ class flight_recorder {
 };
 
 /// note_blocked_hook (core/call_info.hpp): the blocked rank's positions on its other communicators.
+/// (c and peer may be numbered as a transport within the communicator numbers them: call_info::up)
 inline void note_blocked(const call_info& c, int peer, bool on) noexcept {
-  const int me = c.comm == nullptr ? c.rank : c.comm->job_rank(c.rank);
+  const int here = c.here(c.rank);
+  const int me = c.comm == nullptr ? here : c.comm->job_rank(here);
   auto& r = flight_recorders();
   std::lock_guard g(r.mu);
-  for (flight_recorder* x : r.all) x->mark_elsewhere(me, c, peer, on);
+  for (flight_recorder* x : r.all) x->mark_elsewhere(me, c, c.here(peer), on);
 }
 inline const bool note_blocked_installed = (note_blocked_hook = &note_blocked, true);
 

@@ -184,16 +184,23 @@ struct call_info {
   /// The communicator's position board (core/flight_record.hpp), where its transport has one.
   detail::position_board board;
 
+  /// A transport that runs part of a step over a transport of its own (transport::two_level: a
+  /// node's ranks over shared memory) hands that one this call with `rank` and the peers
+  /// numbered as there, and `up[r]`: the rank here of its rank r. Messages, the flight record
+  /// and the desync report name ranks here.
+  const int* up = nullptr;
+  int here(int p) const noexcept { return up == nullptr || p < 0 ? p : up[p]; }
+
   /// Transports say where their waits go: waiting(p) before a blocking wait on peer p,
   /// waited(p, ns) after it, heard(p, sig) for each message taken from p.
   void waiting(int peer) const noexcept {
-    if (rec != nullptr) rec->waiting(peer);
+    if (rec != nullptr) rec->waiting(here(peer));
   }
   void waited(int peer, std::chrono::nanoseconds d) const noexcept {
-    if (rec != nullptr) rec->add_wait(peer, d.count());
+    if (rec != nullptr) rec->add_wait(here(peer), d.count());
   }
   void heard(int peer, const call_signature& theirs) const noexcept {
-    if (rec != nullptr) rec->note_heard(peer, theirs.entered_ns);
+    if (rec != nullptr) rec->note_heard(here(peer), theirs.entered_ns);
   }
 
   /// "all_reduce #42 (ring): rank 3", or on a split communicator
@@ -206,7 +213,9 @@ struct call_info {
   }
 
   /// "rank 2", or "rank 2 (job rank 5)" on a split communicator: every message names peers so.
-  std::string peer(int p) const { return comm == nullptr ? "rank " + std::to_string(p) : comm->rank_name(p); }
+  std::string peer(int p) const { return rank_name(here(p)); }
+  /// Rank q of the communicator (never mapped through `up`).
+  std::string rank_name(int q) const { return comm == nullptr ? "rank " + std::to_string(q) : comm->rank_name(q); }
 
   [[noreturn]] void fail(errc e, const std::string& what) const {
     std::string m = prefix() + " " + what;
@@ -254,6 +263,8 @@ struct call_info {
   /// the ranks are: rank 1 (job rank 5) is done with all_reduce #41; ranks 0, 2-3 are in
   /// all_reduce #42, waiting for rank 1". Empty without a board.
   std::string positions() const {
+    const int me = here(rank);
+    auto peer = [this](int q) { return rank_name(q); };
     if (board.base == nullptr || board.n <= 0) return {};
     struct place {
       std::uint64_t seq_state;
@@ -267,7 +278,7 @@ struct call_info {
     for (int r = 0; r < board.n; ++r) {
       const detail::position& p = *board.at(r);
       const std::uint64_t ss = p.seq_state.load(std::memory_order_relaxed);
-      if (const int wf = p.waiting_for.load(std::memory_order_relaxed); r != rank && (wf == detail::position::kSilent || wf == detail::position::kGone)) {
+      if (const int wf = p.waiting_for.load(std::memory_order_relaxed); r != me && (wf == detail::position::kSilent || wf == detail::position::kGone)) {
         (wf == detail::position::kGone ? gone : mute).push_back(r);
         continue;
       }
@@ -282,7 +293,7 @@ struct call_info {
       // A blocked wait shows life every sleep slice (50 ms): one silent for 4 of them is not
       // running (stopped, or starved of a core).
       const std::int64_t quiet = now - p.alive_ns.load(std::memory_order_relaxed);
-      if (wf >= 0 && r != rank && quiet > 4 * std::chrono::nanoseconds(detail::kSleepSlice).count()) silent.emplace_back(r, quiet);
+      if (wf >= 0 && r != me && quiet > 4 * std::chrono::nanoseconds(detail::kSleepSlice).count()) silent.emplace_back(r, quiet);
     }
     std::sort(places.begin(), places.end(), [](const place& a, const place& b) { return a.seq_state < b.seq_state; });
     std::string o = "; where the ranks are:";
@@ -313,7 +324,7 @@ struct call_info {
     // their own code since their last call, for longer than a rank takes between two calls.
     for (int r = 0; r < board.n; ++r) {
       const detail::position& p = *board.at(r);
-      if (r == rank) continue;
+      if (r == me) continue;
       const std::uint64_t ss = p.seq_state.load(std::memory_order_relaxed);
       const std::int32_t wf = p.waiting_for.load(std::memory_order_relaxed);
       if (wf == detail::position::kSilent || wf == detail::position::kGone) continue;
@@ -341,7 +352,7 @@ struct call_info {
     for (int r = 0; r < board.n; ++r) {
       const detail::position& p = *board.at(r);
       const std::uint64_t es = p.else_seq.load(std::memory_order_relaxed);
-      if (r == rank || es == 0) continue;
+      if (r == me || es == 0) continue;
       const std::string other = detail::position::text16(p.else_comm);
       const int wj = p.else_waiting_job.load(std::memory_order_relaxed);
       o += "; " + peer(r) + " is blocked in " + detail::position::text16(p.else_call) + " #" + std::to_string(es) +

@@ -35,6 +35,7 @@ inline constexpr variable variables[] = {
     {"COLLX_JOB", "name",
      "names the job (shared-memory segment, rendezvous keys); default from the launcher (PMIX_NAMESPACE, SLURM_JOB_ID, "
      "TORCHELASTIC_RUN_ID and MASTER_ADDR:MASTER_PORT, ...)"},
+    {"COLLX_NODE", "name", "transport::two_level: the node this rank is on (ranks with the same name share one); default the host name"},
     {"COLLX_STORE_PATH", "directory", "tcp: rendezvous through files in this shared directory instead of rank 0's TCP store"},
     {"COLLX_SOCKET_IFNAME", "interface name", "tcp: listen on this interface; default the one that routes to MASTER_ADDR"},
     {"COLLX_LOCAL_WORLD_SIZE", "integer", "the job's rank count on this host (equal to COLLX_WORLD_SIZE: every rank on one host)"},

@@ -340,9 +340,10 @@ void launch_processes(int n, F&& f, options opts = {}, transport::shm::config cf
       n, job, [&](const std::string& j, int r) { return transport::shm(j, r, n, cfg); }, std::forward<F>(f), opts);
 }
 
-template <template <class> class Decorator, class F>
-void launch_processes(int n, F&& f, options opts, transport::tcp_config cfg) {
-  if (n < 1) throw error(errc::invalid_argument, "launch_processes: the rank count must be at least 1, got " + std::to_string(n));
+namespace detail {
+/// launch_processes over tcp, job `job`, rank r's transport being wrap(its tcp transport, job, r).
+template <template <class> class Decorator, class F, class Wrap>
+void launch_tcp_processes(int n, const std::string& job, F&& f, const options& opts, transport::tcp_config cfg, Wrap&& wrap) {
   // The parent opens the store's listening socket before forking: rank 0 serves on it, the others
   // connect to it, and no port can be taken by someone else in between.
   auto listening = transport::net::listen_on(transport::net::resolve("127.0.0.1", 0));
@@ -352,8 +353,8 @@ void launch_processes(int n, F&& f, options opts, transport::tcp_config cfg) {
   // The job's secret, drawn here when none was given: the forked ranks have it in memory, and it
   // travels nowhere else (transport/tcp/secret.hpp).
   if (cfg.token.empty() && cfg.token_file.empty()) cfg.token = transport::tcp_detail::random_secret();
-  detail::launch_processes_with<Decorator>(
-      n, detail::unique_job_name(),
+  launch_processes_with<Decorator>(
+      n, job,
       [&, port = at.port()](const std::string& j, int r) {
         transport::tcp_config c = cfg;
         if (c.store_path.empty()) {
@@ -362,12 +363,20 @@ void launch_processes(int n, F&& f, options opts, transport::tcp_config cfg) {
           if (r == 0) c.serve_store_fd = ::dup(lfd);
         }
         ::close(lfd);
-        return transport::tcp(j, r, n, std::move(c));
+        return wrap(transport::tcp(j, r, n, std::move(c)), j, r);
       },
       std::forward<F>(f), opts,
       // Rank 0 serves on its own copy: were the parent's kept open, a rank connecting after rank 0
       // died would sit in the dead listener's queue until its deadline instead of being refused.
       [&] { listener.reset(); });
+}
+}  // namespace detail
+
+template <template <class> class Decorator, class F>
+void launch_processes(int n, F&& f, options opts, transport::tcp_config cfg) {
+  if (n < 1) throw error(errc::invalid_argument, "launch_processes: the rank count must be at least 1, got " + std::to_string(n));
+  detail::launch_tcp_processes<Decorator>(n, detail::unique_job_name(), std::forward<F>(f), opts, std::move(cfg),
+                                          [](transport::tcp t, const std::string&, int) { return t; });
 }
 
 template <class F>

@@ -27,11 +27,13 @@ template <class T>
 using no_decorator = T;
 }  // namespace detail
 
-template <template <class> class Decorator, class F>
-void launch_threads(int n, F&& f, options opts = {}) {
-  if (n < 1) throw error(errc::invalid_argument, "launch_threads: the rank count must be at least 1, got " + std::to_string(n));
-  using transport_t = Decorator<transport::inproc>;
-  auto g = std::make_shared<transport::inproc::group>(n);
+namespace detail {
+/// launch_threads' machinery: rank r's transport is make(r) (its communicator's), and
+/// leave(r, failed, why) tells its groups it has ended; `g` (the job's group) says which rank
+/// failed first.
+template <class Make, class Leave, class F>
+void run_thread_ranks(int n, const std::shared_ptr<transport::inproc::group>& g, Make&& make, Leave&& leave, F&& f, const options& opts) {
+  using transport_t = std::invoke_result_t<Make&, int>;
   std::mutex mu;
   std::exception_ptr first;  // the first recorded, if the group cannot say who failed first
   std::vector<std::exception_ptr> failed(static_cast<std::size_t>(n));
@@ -61,16 +63,16 @@ void launch_threads(int n, F&& f, options opts = {}) {
     // its rank like any error, instead of ending the process; it goes after leave() either way.
     std::optional<communicator<transport_t>> comm;
     try {
-      comm.emplace(transport_t{transport::inproc{g, r}}, opts);
+      comm.emplace(make(r), opts);
       f(*comm);
-      g->leave(r, false, {});
+      leave(r, false, std::string());
     } catch (const std::exception& e) {
-      g->leave(r, true, e.what());
+      leave(r, true, std::string(e.what()));
       std::lock_guard lk(mu);
       failed[std::size_t(r)] = std::current_exception();
       if (!first) first = failed[std::size_t(r)];
     } catch (...) {
-      g->leave(r, true, "unknown exception");
+      leave(r, true, std::string("unknown exception"));
       std::lock_guard lk(mu);
       failed[std::size_t(r)] = std::current_exception();
       if (!first) first = failed[std::size_t(r)];
@@ -81,7 +83,7 @@ void launch_threads(int n, F&& f, options opts = {}) {
   try {
     for (int r = 1; r < n; ++r) threads.emplace_back(body, r);
   } catch (const std::exception& e) {  // could not start every thread: fail the ranks that did not start
-    for (int r = int(threads.size()) + 1; r < n; ++r) g->leave(r, true, std::string("thread did not start: ") + e.what());
+    for (int r = int(threads.size()) + 1; r < n; ++r) leave(r, true, std::string("thread did not start: ") + e.what());
     std::lock_guard lk(mu);
     first = std::current_exception();
   }
@@ -92,6 +94,16 @@ void launch_threads(int n, F&& f, options opts = {}) {
   const int cause = g->first_failed();
   if (cause >= 0 && failed[std::size_t(cause)]) std::rethrow_exception(failed[std::size_t(cause)]);
   if (first) std::rethrow_exception(first);
+}
+}  // namespace detail
+
+template <template <class> class Decorator, class F>
+void launch_threads(int n, F&& f, options opts = {}) {
+  if (n < 1) throw error(errc::invalid_argument, "launch_threads: the rank count must be at least 1, got " + std::to_string(n));
+  auto g = std::make_shared<transport::inproc::group>(n);
+  detail::run_thread_ranks(
+      n, g, [&](int r) { return Decorator<transport::inproc>{transport::inproc{g, r}}; },
+      [&](int r, bool failed, const std::string& why) { g->leave(r, failed, why); }, std::forward<F>(f), opts);
 }
 
 template <class F>

@@ -273,10 +273,9 @@ void block(C& c, St& s) {
 
 }  // namespace detail_engine
 
-/// Runs one step to completion over channel c, with `s` (the channel's reused step state).
+namespace detail_engine {
 template <class C, class St>
-void exchange(C& c, St& s, std::span<const send_desc> sends, std::span<const recv_desc> recvs,
-              const exchange_context& ctx) {
+void begin(C& c, St& s, std::span<const send_desc> sends, std::span<const recv_desc> recvs, const exchange_context& ctx) {
   s.sends = sends;
   s.recvs = recvs;
   s.ctx = &ctx;
@@ -285,6 +284,89 @@ void exchange(C& c, St& s, std::span<const send_desc> sends, std::span<const rec
   s.ro.assign(recvs.size(), {});
   s.pending = sends.size() + recvs.size();
   if constexpr (requires { c.open(s); }) c.open(s);
+}
+
+/// Nothing moved on either of two channels that share a step (exchange_pair): waits until
+/// something may move on one (returns), or throws. As block(), but a sleep on one channel's
+/// doorbell or sockets does not wake for the other's: while both have work the sleeps are naps
+/// on each in turn, 20 us growing to 1 ms.
+template <class C1, class St1, class C2, class St2>
+void block_pair(C1& a, St1& sa, C2& b, St2& sb) {
+  using clock = std::chrono::steady_clock;
+  auto any = [&] { return (sa.pending != 0 && may_move(a, sa)) || (sb.pending != 0 && may_move(b, sb)); };
+  const char* what_a = "";
+  const char* what_b = "";
+  const int pa = sa.pending != 0 ? first_pending(a, sa, what_a) : -1;
+  const int pb = sb.pending != 0 ? first_pending(b, sb, what_b) : -1;
+  const bool on_a = pa >= 0;  // whom a timeout blames: the first pending on a, else on b
+  const call_info& call = on_a ? *sa.call : *sb.call;
+  const int p = on_a ? pa : pb;
+  const char* what = on_a ? what_a : what_b;
+  auto timed_out = [&](bool whole) { call.timed_out(p, what, whole); };
+  auto give = [&](bool whole) {
+    if (on_a) give_up(a, call, [&] { timed_out(whole); });
+    else give_up(b, call, [&] { timed_out(whole); });
+  };
+  if (call.call_timeout.count() > 0) {
+    bool whole = false;
+    const auto now = clock::now();
+    if (now >= call.deadline(now, whole) && whole) give(true);
+  }
+  detail::timed_wait tw(call, p);
+  const waiting wa = a.spinning(), wb = b.spinning();
+  for (int i = 0, n = std::max(wa.spins, wb.spins); i < n; ++i) {
+    if (any()) return;
+    detail::cpu_relax();
+  }
+  if (any()) return;
+  tw.start();
+  bool whole = false;
+  const auto deadline = call.deadline(clock::now(), whole);
+  for (int i = 0, n = std::max(wa.yields, wb.yields); i < n; ++i) {
+    if (any()) return;
+    sched_yield();
+    if ((i & 3) == 3 && clock::now() >= deadline) break;
+  }
+  std::chrono::nanoseconds nap = std::chrono::microseconds(20);
+  bool turn = false;
+  for (;;) {
+    const auto ta = a.arm();
+    const auto tb = b.arm();
+    if (any()) return;
+    if constexpr (requires { a.stalled(sa); }) {
+      if (sa.pending != 0 && a.stalled(sa)) return;
+    }
+    if constexpr (requires { b.stalled(sb); }) {
+      if (sb.pending != 0 && b.stalled(sb)) return;
+    }
+    if (sa.pending != 0 && check_peers(a, sa, pa, what_a)) return;
+    if (sb.pending != 0 && check_peers(b, sb, pb, what_b)) return;
+    const auto now = clock::now();
+    if (now >= deadline) {
+      if (any()) return;
+      give(whole);
+    }
+    tw.start();
+    const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now);
+    if (sa.pending != 0 && sb.pending != 0) {
+      turn = !turn;
+      if (turn) a.sleep(sa, ta, std::min(left, nap));
+      else b.sleep(sb, tb, std::min(left, nap));
+      nap = std::min<std::chrono::nanoseconds>(nap * 2, std::chrono::milliseconds(1));
+    } else if (sa.pending != 0) {
+      a.sleep(sa, ta, std::min<std::chrono::nanoseconds>(left, detail::kSleepSlice));
+    } else {
+      b.sleep(sb, tb, std::min<std::chrono::nanoseconds>(left, detail::kSleepSlice));
+    }
+  }
+}
+}  // namespace detail_engine
+
+/// Runs one step to completion over channel c, with `s` (the channel's reused step state).
+template <class C, class St>
+void exchange(C& c, St& s, std::span<const send_desc> sends, std::span<const recv_desc> recvs,
+              const exchange_context& ctx) {
+  detail_engine::begin(c, s, sends, recvs, ctx);
   for (;;) {
     const bool m = detail_engine::sweep(c, s);
     if (s.pending == 0) return;
@@ -293,6 +375,82 @@ void exchange(C& c, St& s, std::span<const send_desc> sends, std::span<const rec
       if (c.hold(s)) continue;
     }
     detail_engine::block(c, s);
+  }
+}
+
+/// Runs one step whose operations lie on two channels (transport::two_level: peers on this node
+/// over one transport, peers on other nodes over another), each with its own operations, step
+/// state and context (the two calls name the same call, each numbering ranks as its transport
+/// does: call_info::up). Both move in every sweep; the order rule holds on each, and the two
+/// share no peer.
+template <class C1, class St1, class C2, class St2>
+void exchange_pair(C1& a, St1& sa, std::span<const send_desc> sends_a, std::span<const recv_desc> recvs_a,
+                   const exchange_context& ctx_a, C2& b, St2& sb, std::span<const send_desc> sends_b,
+                   std::span<const recv_desc> recvs_b, const exchange_context& ctx_b) {
+  detail_engine::begin(a, sa, sends_a, recvs_a, ctx_a);
+  detail_engine::begin(b, sb, sends_b, recvs_b, ctx_b);
+  for (;;) {
+    bool m = detail_engine::sweep(a, sa);
+    m = detail_engine::sweep(b, sb) || m;
+    if (sa.pending == 0 && sb.pending == 0) return;
+    if (m) continue;
+    if constexpr (requires { a.hold(sa); }) {
+      if (sa.pending != 0 && a.hold(sa)) continue;
+    }
+    if constexpr (requires { b.hold(sb); }) {
+      if (sb.pending != 0 && b.hold(sb)) continue;
+    }
+    if (sa.pending == 0) detail_engine::block(b, sb);
+    else if (sb.pending == 0) detail_engine::block(a, sa);
+    else detail_engine::block_pair(a, sa, b, sb);
+  }
+}
+
+/// recv_any over two channels (wait_any's, below): `peers_a` (numbered as a's call numbers them)
+/// and `peers_b`; returns the index in the caller's list, a's peers first. Sleeps are naps on
+/// each in turn, as block_pair's.
+template <class C1, class C2>
+int wait_any_pair(C1& a, std::span<const int> peers_a, const call_info& call_a, C2& b, std::span<const int> peers_b,
+                  const call_info& call_b) {
+  using clock = std::chrono::steady_clock;
+  detail::timed_wait tw(call_b, -1);
+  auto look = [&](bool slow) -> int {
+    if (const int f = a.probe_head(peers_a, call_a, slow); f >= 0)
+      return int(std::find(peers_a.begin(), peers_a.end(), f) - peers_a.begin());
+    if (const int f = b.probe_head(peers_b, call_b, slow); f >= 0)
+      return int(peers_a.size() + std::size_t(std::find(peers_b.begin(), peers_b.end(), f) - peers_b.begin()));
+    return -1;
+  };
+  for (int i = 0; i < detail::kYieldIterations; ++i) {
+    if (const int k = look(false); k >= 0) return k;
+    sched_yield();
+  }
+  bool whole = false;
+  const auto deadline = call_b.deadline(clock::now(), whole);
+  std::chrono::nanoseconds nap = std::chrono::microseconds(20);
+  bool turn = false;
+  for (;;) {
+    const auto ta = a.arm();
+    const auto tb = b.arm();
+    if (const int k = look(true); k >= 0) return k;
+    for (const auto* c : {&call_a, &call_b}) {
+      const int f = c == &call_a ? a.failed_rank() : b.failed_rank();
+      if (f >= 0 && f != c->rank)
+        c->fail(errc::peer_lost, "the job was aborted while waiting for a message from any of " + call_a.peers(peers_a) +
+                                     (peers_a.empty() || peers_b.empty() ? "" : ", ") + call_b.peers(peers_b) + ": " + c->peer(f) +
+                                     " failed: " + (c == &call_a ? a.failure(f) : b.failure(f)));
+    }
+    const auto now = clock::now();
+    if (now >= deadline) {
+      if (const int k = look(false); k >= 0) return k;
+      call_b.timed_out_waiting("a message from any of " + call_a.peers(peers_a) + ", " + call_b.peers(peers_b), whole);
+    }
+    tw.start();
+    const auto d = std::min<std::chrono::nanoseconds>(std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now), nap);
+    turn = !turn;
+    if (turn) a.sleep_any(peers_a, ta, d);
+    else b.sleep_any(peers_b, tb, d);
+    nap = std::min<std::chrono::nanoseconds>(nap * 2, std::chrono::milliseconds(1));
   }
 }
 

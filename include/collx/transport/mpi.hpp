@@ -278,11 +278,17 @@ class mpi {
   detail::position_board positions() const noexcept { return {board_.get(), sizeof(detail::position), n_}; }
 
   void exchange(std::span<const send_desc> s, std::span<const recv_desc> r, const exchange_context& ctx) {
-    const call_info& call = *ctx.call;
+    engage(*ctx.call, [&](auto& c, auto& st) { engine::exchange(c, st, s, r, ctx); });
+  }
+  /// The engine's view of this transport: f(channel, step state) between the checks a step
+  /// makes first and last (engine.hpp: exchange, and exchange_pair for a step shared with
+  /// another transport).
+  template <class F>
+  void engage(const call_info& call, F&& f) {
     if (notified_) call.fail(errc::peer_lost, "the mpi transport of this rank already failed: " + failed_why_);
     try {
       large_in_ = false;
-      engine::exchange(*this, st_, s, r, ctx);
+      f(*this, st_);
       // A peer that failed while this step ran may have let go a large send from memory it no
       // longer vouches for (its notice comes before it goes): what came from it is not taken.
       // (Only after a large payload: a small one came in the header, from MPI's own copy; and a

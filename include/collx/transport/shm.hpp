@@ -262,9 +262,15 @@ class shm {
   /// Whether single-copy receives (process_vm_readv) work between every pair of ranks here.
   bool single_copy() const noexcept { return cma_; }
 
+  /// The engine's view of this transport: f(channel, step state), after the checks a step makes
+  /// first (engine.hpp: exchange, and exchange_pair for a step shared with another transport).
+  template <class F>
+  void engage(const call_info& call, F&& f) {
+    check_live(call);
+    f(*this, st_);
+  }
   void exchange(std::span<const send_desc> sends, std::span<const recv_desc> recvs, const exchange_context& ctx) {
-    check_live(*ctx.call);
-    engine::exchange(*this, st_, sends, recvs, ctx);
+    engage(*ctx.call, [&](auto& c, auto& s) { engine::exchange(c, s, sends, recvs, ctx); });
   }
 
   /// Receive from any source (collectives/p2p.hpp, recv_any): waits until the channel from one

@@ -197,6 +197,11 @@ class tcp {
   void exchange(std::span<const send_desc> sends, std::span<const recv_desc> recvs, const exchange_context& ctx) {
     net_.exchange(sends, recvs, ctx);
   }
+  /// The engine's view (tcp_detail::streams::engage).
+  template <class F>
+  void engage(const call_info& call, F&& f) {
+    net_.engage(call, std::forward<F>(f));
+  }
   /// Receive from any source: tcp_detail::streams::probe.
   int probe(std::span<const int> peers, const call_info& call) { return net_.probe(peers, call); }
   /// This rank failed: peers learn why, then see the connections close (errc::peer_lost).

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Hosts as network namespaces: H "hosts" of L ranks each on this machine, each host a namespace
+# with its own network (a veth pair to a bridge), so ranks on different hosts can only talk over
+# that network; the link from each host can be limited (tc netem: a rate and a delay, as a real
+# network has; tbf where the kernel has no netem: the rate alone). Each rank runs PROGRAM with torchrun-style variables (COLLX_RANK/WORLD_SIZE,
+# MASTER_ADDR/PORT: host 0's address) and COLLX_NODE set to its host.
+#
+#   bench/netns_nodes.sh [--hosts 2] [--per-host 2] [--round-robin] [--rate 1gbit] [--delay 0.2ms] -- PROGRAM ARGS...
+#   bench/netns_nodes.sh --hosts 2 --per-host 2 --rate 1gbit --delay 0.2ms -- build/bench/collx-nodes-perf --from-env -b 64M -e 64M
+#
+# Needs root (ip netns, tc). Ranks' output goes to stdout, rank 0's first lines unmixed (the
+# others are quiet in collx-nodes-perf). The namespaces are removed on exit, whatever happens.
+set -euo pipefail
+hosts=2 per=2 rr=0 rate="" delay=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --hosts) hosts=$2; shift 2 ;;
+    --per-host) per=$2; shift 2 ;;
+    --round-robin) rr=1; shift ;;
+    --rate) rate=$2; shift 2 ;;
+    --delay) delay=$2; shift 2 ;;
+    --) shift; break ;;
+    *) echo "netns_nodes.sh: unknown flag $1" >&2; exit 2 ;;
+  esac
+done
+[ $# -gt 0 ] || { echo "netns_nodes.sh: no program given (after --)" >&2; exit 2; }
+if ! ip netns add collx-probe-$$ 2>/dev/null; then
+  echo "netns_nodes.sh: this machine does not allow network namespaces (ip netns add failed): skipped" >&2
+  exit 77
+fi
+ip netns del collx-probe-$$
+tag=cx$$
+br=${tag}br
+cleanup() {
+  for ((j = 0; j < hosts; j++)); do ip netns del ${tag}h$j 2>/dev/null || true; done
+  ip link del $br 2>/dev/null || true
+}
+trap cleanup EXIT
+ip link add $br type bridge
+ip link set $br up
+for ((j = 0; j < hosts; j++)); do
+  ns=${tag}h$j
+  ip netns add $ns
+  ip link add ${tag}v$j type veth peer name ${tag}p$j
+  ip link set ${tag}v$j master $br up
+  ip link set ${tag}p$j netns $ns
+  ip -n $ns addr add 10.77.0.$((j + 1))/24 dev ${tag}p$j
+  ip -n $ns link set ${tag}p$j up
+  ip -n $ns link set lo up
+  if [ -n "$delay" ]; then
+    # netem: the delay, and the rate with it (a queue of 10000 packets: enough for TCP at 1 Gbit/s)
+    args=(delay "$delay")
+    [ -n "$rate" ] && args+=(rate "$rate")
+    if ! ip netns exec $ns tc qdisc add dev ${tag}p$j root netem "${args[@]}" limit 10000 2>/dev/null; then
+      echo "netns_nodes.sh: this kernel has no netem (sch_netem): --delay cannot be given; run without it" >&2
+      exit 77
+    fi
+  elif [ -n "$rate" ]; then
+    # a token bucket: the rate alone (where the kernel has no netem)
+    ip netns exec $ns tc qdisc add dev ${tag}p$j root tbf rate "$rate" burst 256kb latency 50ms
+  fi
+done
+n=$((hosts * per))
+port=$((20000 + $$ % 20000))
+token=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+pids=()
+for ((r = 0; r < n; r++)); do
+  if [ $rr = 1 ]; then j=$((r % hosts)); else j=$((r / per)); fi
+  ip netns exec ${tag}h$j env COLLX_RANK=$r COLLX_WORLD_SIZE=$n COLLX_JOB=$tag MASTER_ADDR=10.77.0.1 MASTER_PORT=$port \
+    COLLX_JOB_TOKEN=$token COLLX_NODE=host$j "$@" &
+  pids+=($!)
+done
+rc=0
+for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+exit $rc

@@ -1,0 +1,277 @@
+#pragma once
+// transport::two_level<Intra, Inter>: one communicator over two transports, for jobs on several
+// nodes. Ranks that share a node (core/topology.hpp: node_map) talk over `Intra` (shared memory:
+// each node's ranks are a transport of their own, numbered 0..L-1 there); every other pair over
+// `Inter` (tcp, mpi: one transport of all N ranks, numbered as here). It is a transport like any
+// other: every collective and policy runs over it, and a step's messages each go the way their
+// peer is reached. A two-level policy (algo/two_level.hpp) reads the node map and keeps most of
+// the bytes on the node: only 1/L of the data crosses between nodes per rank.
+//
+//   auto t = collx::transport::two_level<shm, tcp>::from_env();   // torchrun, mpirun, srun
+//   collx::communicator comm{std::move(t)};
+//   collx::all_reduce(comm, std::span{grads}, collx::ops::sum{}, collx::algo::two_level{});
+//
+// A step whose peers are all on this node runs on Intra alone, one whose peers are all elsewhere
+// on Inter alone (its messages as they are: Inter numbers ranks as here); a step with both (a
+// flat ring across nodes) runs on both at once (engine.hpp, exchange_pair). Intra sees the call
+// with its own numbering (call_info::up maps it back), so messages, the flight record and the
+// desync report name ranks of this communicator.
+//
+// Which ranks share a node: from_env() gathers every rank's node key over Inter: COLLX_NODE
+// where set (tests: several "nodes" on one machine), else the host name.
+#include <unistd.h>
+
+#include <array>
+#include <cstring>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../core/call_info.hpp"
+#include "../core/concepts.hpp"
+#include "../core/error.hpp"
+#include "../core/job_env.hpp"
+#include "../core/options.hpp"
+#include "../core/settings.hpp"
+#include "../core/split_plan.hpp"
+#include "../core/topology.hpp"
+#include "engine.hpp"
+
+namespace collx::transport {
+
+namespace detail_two_level {
+template <class T>
+struct config_of {
+  struct none {};
+  using type = none;
+};
+template <class T>
+  requires requires { typename T::config; }
+struct config_of<T> {
+  using type = typename T::config;
+};
+}  // namespace detail_two_level
+
+template <class Intra, class Inter>
+class two_level {
+ public:
+  using transport_concept = transport_tag;
+  using memory_space = host_memory;
+  static constexpr const char* name = "two_level";
+  template <class T>
+  using config_of = typename detail_two_level::config_of<T>::type;
+
+  /// `in`: this node's ranks (its rank = nodes.local_of[rank]); `out`: every rank, numbered as here.
+  two_level(Intra in, Inter out, node_map nodes) : in_(std::move(in)), out_(std::move(out)), nodes_(std::move(nodes)) {
+    const int r = out_.rank();
+    if (nodes_.size() != out_.size() || r < 0 || r >= nodes_.size())
+      throw error(errc::invalid_argument, "two_level: the node map has " + std::to_string(nodes_.size()) + " ranks, the transport across nodes " +
+                                              std::to_string(out_.size()));
+    const auto& mine = nodes_.members[std::size_t(nodes_.node_of[std::size_t(r)])];
+    if (in_.size() != int(mine.size()) || in_.rank() != nodes_.local_of[std::size_t(r)])
+      throw error(errc::invalid_argument, "two_level: rank " + std::to_string(r) + " is local rank " +
+                                              std::to_string(nodes_.local_of[std::size_t(r)]) + " of " + std::to_string(mine.size()) +
+                                              " on its node, its node's transport says " + std::to_string(in_.rank()) + " of " +
+                                              std::to_string(in_.size()));
+  }
+  two_level(two_level&&) noexcept = default;
+  two_level& operator=(two_level&&) noexcept = default;
+
+  int rank() const noexcept { return out_.rank(); }
+  int size() const noexcept { return out_.size(); }
+  const node_map& nodes() const noexcept { return nodes_; }
+  Intra& intra() noexcept { return in_; }
+  Inter& inter() noexcept { return out_; }
+  const Intra& intra() const noexcept { return in_; }
+  const Inter& inter() const noexcept { return out_; }
+  /// The ranks here of this node's ranks (local rank l is node_ranks()[l]).
+  const std::vector<int>& node_ranks() const noexcept { return nodes_.members[std::size_t(nodes_.node_of[std::size_t(rank())])]; }
+
+  bool takes_pieces() const noexcept {
+    auto takes = [](const auto& t) {
+      if constexpr (requires { t.takes_pieces(); }) return bool(t.takes_pieces());
+      else return false;
+    };
+    return takes(in_) && takes(out_);
+  }
+  /// The desync report's board: Inter's, whose ranks are numbered as here.
+  detail::position_board positions() const noexcept
+    requires requires(const Inter& t) { t.positions(); }
+  {
+    return out_.positions();
+  }
+
+  void exchange(std::span<const send_desc> sends, std::span<const recv_desc> recvs, const exchange_context& ctx) {
+    const call_info& call = *ctx.call;
+    bool local = false, remote = false;
+    for (const send_desc& s : sends) (nodes_.same_node(s.peer, call.rank) ? local : remote) = true;
+    for (const recv_desc& r : recvs) (nodes_.same_node(r.peer, call.rank) ? local : remote) = true;
+    if (!local) return out_.exchange(sends, recvs, ctx);
+    ls_.clear();
+    lr_.clear();
+    os_.clear();
+    or_.clear();
+    for (const send_desc& s : sends) {
+      if (!nodes_.same_node(s.peer, call.rank)) {
+        os_.push_back(s);
+        continue;
+      }
+      ls_.push_back(s);
+      ls_.back().peer = nodes_.local_of[std::size_t(s.peer)];
+    }
+    for (const recv_desc& r : recvs) {
+      if (!nodes_.same_node(r.peer, call.rank)) {
+        or_.push_back(r);
+        continue;
+      }
+      lr_.push_back(r);
+      lr_.back().peer = nodes_.local_of[std::size_t(r.peer)];
+    }
+    call_info sub = on_node(call);
+    const exchange_context lctx{&sub, ctx.comb, ctx.synchronous};
+    struct keep_first_wait {  // the whole call's deadline counts from its first wait, on either
+      const call_info& call;
+      const call_info& sub;
+      ~keep_first_wait() {
+        if (call.first_wait == std::chrono::steady_clock::time_point{}) call.first_wait = sub.first_wait;
+      }
+    } keep{call, sub};
+    if (!remote) return in_.exchange(ls_, lr_, lctx);
+    in_.engage(sub, [&](auto& ca, auto& sa) {
+      out_.engage(call, [&](auto& cb, auto& sb) { engine::exchange_pair(ca, sa, ls_, lr_, lctx, cb, sb, os_, or_, ctx); });
+    });
+  }
+
+  /// Receive from any source: the first of `peers` with a point-to-point message waiting.
+  int probe(std::span<const int> peers, const call_info& call) {
+    std::vector<int> local, remote;
+    for (int p : peers) (nodes_.same_node(p, call.rank) ? local : remote).push_back(p);
+    if (local.empty()) return out_.probe(peers, call);
+    call_info sub = on_node(call);
+    std::vector<int> mapped;
+    for (int p : local) mapped.push_back(nodes_.local_of[std::size_t(p)]);
+    if (remote.empty()) return local[std::size_t(index_of(mapped, in_.probe(mapped, sub)))];
+    int k = -1;
+    in_.engage(sub, [&](auto& ca, auto&) {
+      out_.engage(call, [&](auto& cb, auto&) { k = engine::wait_any_pair(ca, std::span<const int>(mapped), sub, cb, std::span<const int>(remote), call); });
+    });
+    return std::size_t(k) < local.size() ? local[std::size_t(k)] : remote[std::size_t(k) - local.size()];
+  }
+
+  /// This rank failed: both transports' peers learn it.
+  void abort(const std::string& why) noexcept {
+    in_.abort(why);
+    out_.abort(why);
+  }
+
+  /// Leaves the job normally, on both transports.
+  void leave() noexcept {
+    in_.leave();
+    out_.leave();
+  }
+
+  /// Splits (core/split_plan.hpp): Inter splits as it does (its offer is the blob); the new
+  /// communicator's ranks on this node get a node transport of their own, split from this
+  /// node's (Intra needs no offer: shm, inproc).
+  split_offer prepare_split()
+    requires requires(Inter& t) { t.prepare_split(); }
+  {
+    return out_.prepare_split();
+  }
+  two_level split(const split_plan& p, split_offer&& offer) {
+    Inter out = out_.split(p, std::move(offer));
+    node_map nm = nodes_.restricted(p.members);
+    const int j = nm.node_of[std::size_t(p.rank)];
+    split_plan lp;
+    lp.id = p.id + ".node" + std::to_string(nodes_.node_of[std::size_t(rank())]);
+    lp.timeout = p.timeout;
+    for (int m : nm.members[std::size_t(j)]) lp.members.push_back(nodes_.local_of[std::size_t(p.members[std::size_t(m)])]);
+    lp.rank = nm.local_of[std::size_t(p.rank)];
+    lp.size = int(lp.members.size());
+    lp.offers.resize(lp.members.size());
+    Intra in = in_.split(lp, in_.prepare_split());
+    return two_level(std::move(in), std::move(out), std::move(nm));
+  }
+
+  /// Every rank's node key (COLLX_NODE, else the host name), gathered over `out`: the node map.
+  static node_map gather_nodes(Inter& out, const std::string& job_key = {}) {
+    using key = std::array<char, 64>;
+    key mine{};
+    const std::string k = node_key();
+    std::memcpy(mine.data(), k.data(), std::min(k.size(), mine.size() - 1));
+    const int n = out.size(), r = out.rank();
+    std::vector<key> all(static_cast<std::size_t>(n));
+    all[std::size_t(r)] = mine;
+    std::vector<send_desc> s;
+    std::vector<recv_desc> v;
+    for (int q = 0; q < n; ++q) {
+      if (q == r) continue;
+      s.push_back({q, reinterpret_cast<const std::byte*>(mine.data()), sizeof(key)});
+      v.push_back({q, reinterpret_cast<std::byte*>(all[std::size_t(q)].data()), sizeof(key), nullptr, combine::copy});
+    }
+    call_info call;
+    detail::set_name(call.sig.collective, "node_map");
+    detail::set_name(call.sig.policy, "direct");
+    call.sig.count = sizeof(key);
+    call.sig.elem_size = 1;
+    call.sig.op_hash = detail::fnv1a(job_key);
+    call.rank = r;
+    call.timeout = detail::default_timeout();
+    if (n > 1) out.exchange(s, v, exchange_context{&call, {}, false});
+    return node_map::from_keys(n, [&](int q) { return std::string(all[std::size_t(q)].data()); });
+  }
+  /// This process's node: COLLX_NODE where set, else its host name.
+  static std::string node_key() {
+    if (std::string k = detail::env_string("COLLX_NODE"); !k.empty()) return k;
+    char h[256] = {};
+    ::gethostname(h, sizeof h - 1);
+    return h;
+  }
+
+  /// Ranks from the launcher's variables (tcp's from_env: torchrun, mpirun, srun), the node map
+  /// gathered over Inter, then each node's transport: Intra(job + ".node<j>", local rank, L).
+  template <class InterConfig = config_of<Inter>, class IntraConfig = config_of<Intra>>
+  static two_level from_env(InterConfig out_cfg = {}, IntraConfig in_cfg = {}) {
+    const launch_info li = launch_info_from_env();
+    return connect(Inter::from_env(std::move(out_cfg)), li.job, in_cfg);
+  }
+  /// The node map gathered over `out`, then each node's transport.
+  template <class IntraConfig = config_of<Intra>>
+  static two_level connect(Inter out, const std::string& job, IntraConfig in_cfg = {}) {
+    node_map nm = gather_nodes(out, job);
+    const int r = out.rank(), j = nm.node_of[std::size_t(r)];
+    Intra in(job + ".node" + std::to_string(j), nm.local_of[std::size_t(r)], int(nm.members[std::size_t(j)].size()), in_cfg);
+    return two_level(std::move(in), std::move(out), std::move(nm));
+  }
+
+ private:
+  static int index_of(const std::vector<int>& v, int x) {
+    for (std::size_t i = 0; i < v.size(); ++i)
+      if (v[i] == x) return int(i);
+    return 0;
+  }
+  /// The call as this node's transport sees it: ranks numbered on the node, named as here.
+  call_info on_node(const call_info& c) const {
+    call_info s;
+    s.sig = c.sig;
+    s.rank = nodes_.local_of[std::size_t(c.rank)];
+    s.comm = c.comm;
+    s.timeout = c.timeout;
+    s.call_timeout = c.call_timeout;
+    s.first_wait = c.first_wait;
+    s.synchronous = c.synchronous;
+    s.rec = c.rec;
+    s.board = c.board;
+    s.up = node_ranks().data();
+    return s;
+  }
+
+  Intra in_;
+  Inter out_;
+  node_map nodes_;
+  std::vector<send_desc> ls_, os_;  // a mixed step's sends on the node and across (reused)
+  std::vector<recv_desc> lr_, or_;
+};
+
+}  // namespace collx::transport

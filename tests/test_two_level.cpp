@@ -1,0 +1,227 @@
+// transport::two_level (a node's ranks over one transport, every other pair over another) and
+// algo::two_level (node-aware all_reduce), against the serial reference: thread-ranks laid out
+// on "nodes" (inproc within and across), and processes (shm within each node, tcp across, the
+// node map gathered from each rank's COLLX_NODE as from_env() gathers host names).
+#include <catch2/catch.hpp>
+
+#include <collx/collx.hpp>
+
+#include "harness.hpp"
+#include "matrix.hpp"
+
+namespace algo = collx::algo;
+using collx::node_map;
+
+namespace {
+
+/// How a test lays n ranks out on nodes.
+enum class layout {
+  pairs,        // nodes of 2, numbered node by node (the last holds 1 when n is odd)
+  round_robin,  // 2 nodes, ranks dealt out in turn (0, 2, 4 | 1, 3, 5)
+  uneven,       // nodes of 3 and 2 in turn, node by node
+};
+
+node_map lay_out(int n, layout k) {
+  std::vector<int> sizes;
+  const int per = k == layout::round_robin ? (n + 1) / 2 : 2;
+  for (int left = n, i = 0; left > 0; ++i) {
+    const int s = std::min(left, k == layout::uneven ? (i % 2 == 0 ? 3 : 2) : per);
+    sizes.push_back(s);
+    left -= s;
+  }
+  return node_map::of_sizes(sizes, k == layout::round_robin);
+}
+
+template <layout K>
+struct node_threads {
+  template <class F>
+  void operator()(int n, F&& f, collx::options o = {}) const {
+    collx::launch_node_threads(lay_out(n, K), std::forward<F>(f), o);
+  }
+};
+template <layout K>
+struct node_processes {
+  template <class F>
+  void operator()(int n, F&& f, collx::options o = {}) const {
+    collx::launch_node_processes(lay_out(n, K), std::forward<F>(f), o);
+  }
+};
+
+/// Bytes every node sends to other nodes in rank `r`'s schedule of an all_reduce of `count`
+/// elements of `e` bytes: summed over all ranks, per node.
+template <class Build>
+std::vector<std::uint64_t> bytes_out_of_nodes(const node_map& nm, std::size_t e, Build build) {
+  std::vector<std::uint64_t> by_node(std::size_t(nm.nodes()), 0);
+  for (int r = 0; r < nm.size(); ++r) {
+    const collx::schedule s = build(r);
+    for (const auto& x : s.sends())
+      if (!nm.same_node(r, x.peer)) by_node[std::size_t(nm.node_of[std::size_t(r)])] += x.src.count * e;
+  }
+  return by_node;
+}
+
+}  // namespace
+
+TEST_CASE("node maps: from keys, node by node, round robin, restricted to a split's ranks", "[two_level]") {
+  const node_map a = node_map::of_sizes({3, 2});
+  CHECK(a.node_of == std::vector<int>{0, 0, 0, 1, 1});
+  CHECK(a.local_of == std::vector<int>{0, 1, 2, 0, 1});
+  CHECK(a.widest() == 3);
+  const node_map b = node_map::of_sizes({3, 2}, true);
+  CHECK(b.node_of == std::vector<int>{0, 1, 0, 1, 0});
+  CHECK(b.members[1] == std::vector<int>{1, 3});
+  const node_map c = b.restricted({4, 3, 1});
+  CHECK(c.node_of == std::vector<int>{0, 1, 1});
+  CHECK(c.describe() == "node 0: rank 0; node 1: ranks 1, 2");
+  const node_map d = node_map::from_keys(4, [](int r) { return std::string(r == 2 ? "b" : "a"); });
+  CHECK(d.members == std::vector<std::vector<int>>{{0, 1, 3}, {2}});
+  CHECK(node_map::of_sizes({4}).flat());
+  CHECK(node_map::of_sizes({1, 1, 1}).flat());
+  CHECK(!node_map::of_sizes({2, 1}).flat());
+}
+
+TEST_CASE("algo::two_level: the bytes that cross between nodes are 2(M-1)/M x D per node, and fewer than the flat ring's", "[two_level]") {
+  const std::size_t count = 16 * 9 * 5 * 7 * 64, e = 4;  // divides into every shard, rail block and ring block here
+  const std::uint64_t D = count * e;
+  for (const auto& [sizes, rr] : std::vector<std::pair<std::vector<int>, bool>>{{{2, 2}, false}, {{2, 2}, true}, {{2, 2, 2}, false},
+                                                                                {{4, 4}, true}, {{3, 3, 3}, false}}) {
+    const node_map nm = node_map::of_sizes(sizes, rr);
+    const int N = nm.size(), M = nm.nodes();
+    CAPTURE(nm.describe());
+    const auto two = bytes_out_of_nodes(nm, e, [&](int r) {
+      return algo::two_level{}.all_reduce(algo::ar_problem{r, N, count, e, true, collx::buf::in}, nm);
+    });
+    const auto flat = bytes_out_of_nodes(nm, e, [&](int r) {
+      return algo::composed_segment(algo::ring{}, algo::ar_problem{r, N, count, e, true, collx::buf::in});
+    });
+    for (int j = 0; j < M; ++j) {
+      CAPTURE(j);
+      CHECK(two[std::size_t(j)] == 2 * std::uint64_t(M - 1) * D / std::uint64_t(M));
+      CHECK(two[std::size_t(j)] < flat[std::size_t(j)]);
+    }
+    // Numbered node by node the flat ring crosses on M links, each 2(N-1)/N x D; round robin on all N.
+    const std::uint64_t per_link = 2 * std::uint64_t(N - 1) * D / std::uint64_t(N);
+    std::uint64_t total = 0;
+    for (auto b : flat) total += b;
+    CHECK(total == per_link * std::uint64_t(rr ? N : M));
+  }
+}
+
+TEST_CASE("algo::two_level all_reduce over nodes of threads: every layout, rank count and count", "[two_level]") {
+  for (int n : {1, 2, 3, 4, 5, 7, 8})
+    for (std::size_t count : collx_test::counts_for(n)) {
+      CAPTURE(n, count);
+      CHECK(collx_test::run_all_reduce<float, collx::ops::sum, algo::two_level, node_threads<layout::pairs>>(n, count, false) == "");
+      CHECK(collx_test::run_all_reduce<std::int32_t, collx::ops::sum, algo::two_level, node_threads<layout::round_robin>>(n, count, true) == "");
+      CHECK(collx_test::run_all_reduce<double, collx::ops::max, algo::two_level, node_threads<layout::uneven>>(n, count, false) == "");
+    }
+  // Large shards cross by the ring, small ones by recursive doubling (algo::two_level::doubling_bytes);
+  // above 2 MiB the segments run as a pipeline (2 segments here, then 8).
+  CHECK(collx_test::run_all_reduce<float, collx::ops::sum, algo::two_level, node_threads<layout::uneven>>(13, 1000003, true) == "");
+  CHECK(collx_test::run_all_reduce<float, collx::ops::sum, algo::two_level, node_threads<layout::round_robin>>(5, 5000011, false) == "");
+  CHECK(collx_test::run_all_reduce<collx::bfloat16, collx::ops::avg, algo::two_level, node_threads<layout::pairs>>(5, 100003, false) == "");
+  CHECK(collx_test::run_all_reduce<collx::half, collx::ops::sum, algo::two_level, node_threads<layout::round_robin>>(6, 4099, true) == "");
+  // On a communicator with no node map, one node: the node's reduce-scatter and all-gather.
+  CHECK(collx_test::run_all_reduce<float, collx::ops::sum, algo::two_level>(5, 100003, false) == "");
+}
+
+// Flat policies over a two-level communicator: steps with peers on both transports at once.
+TEMPLATE_TEST_CASE("flat policies over nodes of threads (a step's peers on both levels)", "[two_level]", algo::ring, algo::tree,
+                   algo::recursive_halving, algo::recursive_doubling, algo::pairwise, algo::automatic) {
+  if constexpr (!std::is_same_v<TestType, algo::recursive_doubling> && !std::is_same_v<TestType, algo::pairwise>)
+    collx_test::check_reducing_matrix<node_threads<layout::round_robin>, TestType>({1, 2, 3, 5, 8});
+  if constexpr (!std::is_same_v<TestType, algo::recursive_doubling>)
+    collx_test::check_moving_matrix<node_threads<layout::uneven>, TestType>({2, 3, 5, 7});
+  if constexpr (!std::is_same_v<TestType, algo::pairwise>)
+    for (int n : {2, 5, 8}) {
+      CAPTURE(n);
+      CHECK(collx_test::run_all_reduce<float, collx::ops::sum, TestType, node_threads<layout::pairs>>(n, 100003, true) == "");
+    }
+}
+
+TEST_CASE("over nodes of threads: all_to_all_v, send/recv and recv_any across and within nodes, split", "[two_level]") {
+  for (int n : {2, 3, 5}) {
+    CAPTURE(n);
+    CHECK(collx_test::run_all_to_all_v<node_threads<layout::round_robin>>(n) == "");
+  }
+  // recv_any from peers on both levels: rank 0 (node 0 of {0, 2, 4} | {1, 3}) takes one message
+  // from each other rank, in whatever order they come.
+  CHECK(collx_test::run_checked<node_threads<layout::round_robin>>(5, [](auto& comm, auto note) {
+          const int r = comm.rank();
+          if (r == 0) {
+            std::vector<int> from{1, 2, 3, 4}, got;
+            for (int k = 0; k < 4; ++k) {
+              int v = -1;
+              const int src = collx::recv_any(comm, std::span{&v, 1}, std::span<const int>{from});
+              if (v != src * 10) note("from rank " + std::to_string(src) + " got " + std::to_string(v));
+              got.push_back(src);
+              from.erase(std::find(from.begin(), from.end(), src));
+            }
+            std::sort(got.begin(), got.end());
+            if (got != std::vector<int>{1, 2, 3, 4}) note("recv_any did not take one message from each rank");
+          } else {
+            const int v = r * 10;
+            collx::send(comm, std::span{&v, 1}, 0);
+          }
+        }) == "");
+  // A split of a two-level communicator is one: its nodes are its members' nodes.
+  CHECK(collx_test::run_checked<node_threads<layout::uneven>>(7, [](auto& comm, auto note) {
+          auto sub = comm.split(comm.rank() % 2, comm.rank());
+          const int n = sub.size();
+          std::vector<float> v(1001, float(comm.rank()));
+          collx::all_reduce(sub, std::span{v}, collx::ops::sum{}, algo::two_level{});
+          float want = 0;
+          for (int r = comm.rank() % 2; r < 7; r += 2) want += float(r);
+          if (v[1000] != want) note("the split's all_reduce: got " + std::to_string(v[1000]) + ", want " + std::to_string(want));
+          const auto& nm = sub.transport().nodes();
+          if (nm.size() != n) note("the split's node map has " + std::to_string(nm.size()) + " ranks");
+        }) == "");
+}
+
+TEST_CASE("over nodes of threads: a late rank is named by its rank here, not its place on its node", "[two_level][errors]") {
+  // Nodes {0, 2, 4} and {1, 3}: rank 2 is local rank 1 of node 0; it never calls, and rank 0
+  // waits for it on the node's transport (the node's sum: recursive doubling, rank 2 first).
+  collx::options o;
+  o.timeout = std::chrono::milliseconds(500);
+  std::vector<std::string> what(5);
+  try {
+    collx::launch_node_threads(
+        lay_out(5, layout::round_robin),
+        [&](auto& comm) {
+          std::vector<float> v(64, 1.f);
+          try {
+            if (comm.rank() != 2) collx::all_reduce(comm, std::span{v}, collx::ops::sum{}, algo::two_level{});
+            else std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+          } catch (const collx::error& e) {
+            what[std::size_t(comm.rank())] = e.what();
+            throw;
+          }
+        },
+        o);
+  } catch (const collx::error&) {
+  }
+  const std::string& w = what[0];
+  INFO(w);
+  // (rank 0 times out, or another rank that waits for rank 2 times out first and aborts the job)
+  CHECK(w.find("all_reduce #1 (two_level): rank 0 ") != std::string::npos);
+  CHECK(w.find("waiting for rank 2 (") != std::string::npos);
+  CHECK(w.find("rank 1 (") == std::string::npos);
+  // the desync report, ranks here: rank 2 never called (its position is not another's)
+  CHECK(w.find("rank 2 is in no collective yet") != std::string::npos);
+  CHECK(w.find("rank 2 is blocked") == std::string::npos);
+}
+
+TEST_CASE("over nodes of processes (shm within, tcp across, the map gathered from COLLX_NODE)", "[two_level][processes]") {
+  for (int n : {2, 3, 4, 5}) {
+    CAPTURE(n);
+    CHECK(collx_test::run_all_reduce<float, collx::ops::sum, algo::two_level, node_processes<layout::pairs>>(n, 100003, false) == "");
+    CHECK(collx_test::run_all_reduce<std::int32_t, collx::ops::sum, algo::two_level, node_processes<layout::round_robin>>(n, 1, true) == "");
+    CHECK(collx_test::run_all_reduce<float, collx::ops::sum, algo::ring, node_processes<layout::round_robin>>(n, 100003, true) == "");
+    CHECK(collx_test::run_all_reduce<float, collx::ops::sum, algo::automatic, node_processes<layout::uneven>>(n, 4099, false) == "");
+  }
+  CHECK(collx_test::run_checked<node_processes<layout::uneven>>(5, [](auto& comm, auto note) {
+          const auto& nm = comm.transport().nodes();
+          if (nm.describe() != "node 0: ranks 0, 1, 2; node 1: ranks 3, 4") note("node map: " + nm.describe());
+          if (comm.transport().intra().size() != (comm.rank() < 3 ? 3 : 2)) note("the node's transport has the wrong size");
+        }) == "");
+}
