@@ -8,6 +8,7 @@
 
 #include "harness.hpp"
 #include "matrix.hpp"
+#include "scratch.hpp"
 
 namespace algo = collx::algo;
 using collx::node_map;
@@ -137,6 +138,50 @@ TEMPLATE_TEST_CASE("flat policies over nodes of threads (a step's peers on both 
       CAPTURE(n);
       CHECK(collx_test::run_all_reduce<float, collx::ops::sum, TestType, node_threads<layout::pairs>>(n, 100003, true) == "");
     }
+}
+
+TEST_CASE("algo::automatic on a communicator on several nodes runs two_level for all_reduce, unless COLLX_ALGO names a policy", "[two_level]") {
+  std::vector<std::string> ran(4);
+  auto policies = [&](auto& comm) {
+    for (std::size_t count : {std::size_t(2), std::size_t(100003)}) {
+      std::vector<float> v(count, 1.0f);
+      collx::all_reduce(comm, std::span{v}, collx::ops::sum{});
+      if (v[count - 1] != float(comm.size())) throw std::runtime_error("wrong sum");
+    }
+    std::string s;
+    for (const auto& rec : collx::flight::records(comm))
+      if (std::string(rec.sig.collective, strnlen(rec.sig.collective, sizeof rec.sig.collective)) == "all_reduce")
+        s += std::string(rec.sig.policy, strnlen(rec.sig.policy, sizeof rec.sig.policy)) + " ";
+    ran[std::size_t(comm.rank())] = s;
+  };
+  collx::launch_node_threads(lay_out(4, layout::round_robin), policies);
+  for (const auto& s : ran) CHECK(s == "two_level two_level ");
+  {
+    const collx_test::scoped_env e("COLLX_ALGO", "all_reduce=ring");
+    collx::launch_node_threads(lay_out(4, layout::round_robin), policies);
+    for (const auto& s : ran) CHECK(s == "ring ring ");
+  }
+  // One node: nothing for two levels to do; the model chooses as on any communicator.
+  collx::launch_node_threads(lay_out(2, layout::pairs), policies);
+  CHECK(ran[0].find("two_level") == std::string::npos);
+}
+
+TEST_CASE("over nodes of threads: nonblocking calls and a fused batch (its all-reduces as one, over their own buffers)", "[two_level]") {
+  CHECK(collx_test::run_checked<node_threads<layout::uneven>>(5, [](auto& comm, auto note) {
+          const int n = comm.size(), r = comm.rank();
+          std::vector<std::vector<float>> grads;
+          for (std::size_t k : {std::size_t(1), std::size_t(7), std::size_t(4099), std::size_t(300007)}) grads.emplace_back(k, float(r + 1));
+          collx::fused f(comm);
+          for (auto& g : grads) f.all_reduce(std::span{g}, collx::ops::sum{});
+          f.run();
+          const float want = float(n * (n + 1) / 2);
+          for (const auto& g : grads)
+            if (g.front() != want || g.back() != want) note("fused: got " + std::to_string(g.back()) + ", want " + std::to_string(want));
+          std::vector<double> a(100003, double(r));
+          auto w = collx::async::all_reduce(comm, std::span{a}, collx::ops::max{});
+          w.wait();
+          if (a[100002] != double(n - 1)) note("async all_reduce: got " + std::to_string(a[100002]));
+        }) == "");
 }
 
 TEST_CASE("over nodes of threads: all_to_all_v, send/recv and recv_any across and within nodes, split", "[two_level]") {

@@ -12,6 +12,7 @@
 
 #include "../algo/automatic.hpp"
 #include "../algo/policies.hpp"
+#include "../algo/two_level.hpp"
 #include "../algo/binomial.hpp"
 #include "../algo/calibration.hpp"
 #include "executor.hpp"
@@ -226,6 +227,21 @@ void with_policy(const Algo& a, communicator<T>& comm, std::size_t count, call_i
       if (call.rec != nullptr) call.rec->policy = std::decay_t<decltype(pol)>::name;  // the record says what ran
       f(pol);
     };
+    // On a communicator laid out on several nodes (transport::two_level), a commutative
+    // all_reduce runs the node-aware policy, unless COLLX_ALGO names a policy for it: measured
+    // at or above the best flat policy from 32 KiB to 64 MiB and within the noise below
+    // (docs/nodes.md). (A rule, until the cost model knows two levels.)
+    if constexpr (C == algo::collective::all_reduce && commutative && requires { comm.transport().nodes(); }) {
+      if (comm.size() > 1 && !comm.transport().nodes().flat()) {
+        automatic_setup(comm);
+        const auto& st = comm.automatic();
+        const std::int8_t forced = st.forced[std::size_t(C)];
+        if (forced == algo_override::kModel || (forced == algo_override::kUnset && st.forced_all < 0)) {
+          run(algo::two_level{});
+          return;
+        }
+      }
+    }
     // The chosen policy, among those of algo::policies that have a schedule for C and this op
     // (the model only chooses among those; recursive_halving serves every collective else).
     const algo::choice ch = automatic_choice(comm, C, count, sizeof(E), commutative, call);
