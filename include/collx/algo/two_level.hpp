@@ -70,22 +70,11 @@ struct two_level {
     schedule s;
     std::vector<int> identity(static_cast<std::size_t>(p.size));
     for (int r = 0; r < p.size; ++r) identity[std::size_t(r)] = r;
-    int end = 0;
     std::size_t tmp = 0;  // each segment's scratch apart from the others'
-    for (int k = 0; k < K; ++k) {
-      end = std::max(end, k + int(parts[std::size_t(k)].steps().size()));
-      tmp = std::max(tmp, parts[std::size_t(k)].tmp_elems());
-    }
-    s.need_tmp(std::size_t(K) * tmp);
-    for (int t = 0; t < end; ++t) {
-      s.next_step();
-      for (int k = 0; k < K; ++k) {
-        const schedule& x = parts[std::size_t(k)];
-        const int i = t - k;
-        if (i < 0 || i >= int(x.steps().size())) continue;
-        append_step(s, x, std::size_t(i), identity, 0, std::size_t(k) * tmp);
-      }
-    }
+    for (const schedule& x : parts) tmp = std::max(tmp, x.tmp_elems());
+    std::vector<part> ps;
+    for (int k = 0; k < K; ++k) ps.push_back({&parts[std::size_t(k)], &identity, 0, std::size_t(k) * tmp, k});
+    side_by_side(s, ps);
     return s;
   }
 
@@ -173,7 +162,6 @@ struct two_level {
       std::vector<schedule> rails;
       std::vector<std::vector<int>> ranks;
       std::vector<std::size_t> at;
-      std::size_t steps = 0;
       for (int sh = 0; sh < S; ++sh) {
         if (!mine(sh) || shards.count(sh) == 0) continue;
         std::vector<int> rail = rail_of(nm, sh);
@@ -182,20 +170,15 @@ struct two_level {
                                                                          : composed_segment(ring{}, q));
         ranks.push_back(std::move(rail));
         at.push_back(off + shards.offset(sh));
-        steps = std::max(steps, rails.back().steps().size());
       }
       std::size_t tmp = 0;  // each rail's scratch apart from the others'
-      std::vector<std::size_t> tmp_at;
-      for (const schedule& x : rails) {
-        tmp_at.push_back(tmp);
-        tmp += x.tmp_elems();
+      std::vector<part> ps;
+      for (std::size_t m = 0; m < rails.size(); ++m) {
+        ps.push_back({&rails[m], &ranks[m], at[m], tmp, 0});
+        tmp += rails[m].tmp_elems();
       }
-      s.need_tmp(tmp);
-      for (std::size_t i = 0; i < steps; ++i) {
-        s.next_step();
-        for (std::size_t m = 0; m < rails.size(); ++m)
-          if (i < rails[m].steps().size()) append_step(s, rails[m], i, ranks[m], at[m], tmp_at[m]);
-      }
+      s.next_step();  // (the rails start after the node's step)
+      side_by_side(s, ps);
     }
 
     // 3. All-gather on the node.
@@ -208,6 +191,32 @@ struct two_level {
         if (sh % L == q && shards.count(sh) != 0) s.recv(node[std::size_t(q)], shard(buf::out, sh));
     }
     return s;
+  }
+
+  /// A schedule x of ranks 0..k-1 to run beside others: its rank r is ranks[r] here, its in and
+  /// out regions `offset` elements on, its scratch `tmp_offset` on, its step i in step shift + i.
+  struct part {
+    const schedule* x;
+    const std::vector<int>* ranks;
+    std::size_t offset, tmp_offset;
+    int shift;
+  };
+  /// Appends the parts side by side after s: step t holds step t - shift of each part, the parts
+  /// in their order (every rank lists its parts alike, so each pair of ranks meets in one order).
+  static void side_by_side(schedule& s, const std::vector<part>& parts) {
+    int end = 0;
+    std::size_t tmp = 0;
+    for (const part& q : parts) {
+      end = std::max(end, q.shift + int(q.x->steps().size()));
+      tmp = std::max(tmp, q.tmp_offset + q.x->tmp_elems());
+    }
+    s.need_tmp(tmp);
+    for (int t = 0; t < end; ++t) {
+      if (t > 0) s.next_step();
+      for (const part& q : parts)
+        if (const int i = t - q.shift; i >= 0 && i < int(q.x->steps().size()))
+          append_step(s, *q.x, std::size_t(i), *q.ranks, q.offset, q.tmp_offset);
+    }
   }
 
   /// Shard sh's rail: its owner on each node (the local rank sh mod L there), in node order.

@@ -88,13 +88,7 @@ class two_level {
   /// The ranks here of this node's ranks (local rank l is node_ranks()[l]).
   const std::vector<int>& node_ranks() const noexcept { return nodes_.members[std::size_t(nodes_.node_of[std::size_t(rank())])]; }
 
-  bool takes_pieces() const noexcept {
-    auto takes = [](const auto& t) {
-      if constexpr (requires { t.takes_pieces(); }) return bool(t.takes_pieces());
-      else return false;
-    };
-    return takes(in_) && takes(out_);
-  }
+  bool takes_pieces() const noexcept { return collx::detail::takes_pieces(in_) && collx::detail::takes_pieces(out_); }
   /// The desync report's board: Inter's, whose ranks are numbered as here.
   detail::position_board positions() const noexcept
     requires requires(const Inter& t) { t.positions(); }
@@ -112,22 +106,18 @@ class two_level {
     lr_.clear();
     os_.clear();
     or_.clear();
-    for (const send_desc& s : sends) {
-      if (!nodes_.same_node(s.peer, call.rank)) {
-        os_.push_back(s);
-        continue;
+    auto place = [&](const auto& ops, auto& on_node, auto& across) {
+      for (const auto& o : ops) {
+        if (!nodes_.same_node(o.peer, call.rank)) {
+          across.push_back(o);
+          continue;
+        }
+        on_node.push_back(o);
+        on_node.back().peer = nodes_.local_of[std::size_t(o.peer)];
       }
-      ls_.push_back(s);
-      ls_.back().peer = nodes_.local_of[std::size_t(s.peer)];
-    }
-    for (const recv_desc& r : recvs) {
-      if (!nodes_.same_node(r.peer, call.rank)) {
-        or_.push_back(r);
-        continue;
-      }
-      lr_.push_back(r);
-      lr_.back().peer = nodes_.local_of[std::size_t(r.peer)];
-    }
+    };
+    place(sends, ls_, os_);
+    place(recvs, lr_, or_);
     call_info sub = on_node(call);
     const exchange_context lctx{&sub, ctx.comb, ctx.synchronous};
     struct keep_first_wait {  // the whole call's deadline counts from its first wait, on either
