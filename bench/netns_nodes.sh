@@ -2,21 +2,24 @@
 # Hosts as network namespaces: H "hosts" of L ranks each on this machine, each host a namespace
 # with its own network (a veth pair to a bridge), so ranks on different hosts can only talk over
 # that network; the link from each host can be limited (tc netem: a rate and a delay, as a real
-# network has; tbf where the kernel has no netem: the rate alone). Each rank runs PROGRAM with torchrun-style variables (COLLX_RANK/WORLD_SIZE,
-# MASTER_ADDR/PORT: host 0's address) and COLLX_NODE set to its host.
+# network has; tbf where the kernel has no netem: the rate alone), and its own /dev/shm. Each rank
+# runs PROGRAM with torchrun-style variables (COLLX_RANK/WORLD_SIZE, MASTER_ADDR/PORT: host 0's
+# address) and COLLX_NODE set to its host.
 #
 #   bench/netns_nodes.sh [--hosts 2] [--per-host 2] [--round-robin] [--rate 1gbit] [--delay 0.2ms] -- PROGRAM ARGS...
+#   bench/netns_nodes.sh --layout 3,2 [...] -- PROGRAM ARGS...     uneven hosts: 3 ranks on one, 2 on the other
 #   bench/netns_nodes.sh --hosts 2 --per-host 2 --rate 1gbit --delay 0.2ms -- build/bench/collx-nodes-perf --from-env -b 64M -e 64M
 #
 # Needs root (ip netns, tc). Ranks' output goes to stdout, rank 0's first lines unmixed (the
 # others are quiet in collx-nodes-perf). The namespaces are removed on exit, whatever happens.
 set -euo pipefail
-hosts=2 per=2 rr=0 rate="" delay=""
+hosts=2 per=2 rr=0 rate="" delay="" layout=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --hosts) hosts=$2; shift 2 ;;
     --per-host) per=$2; shift 2 ;;
     --round-robin) rr=1; shift ;;
+    --layout) layout=$2; shift 2 ;;
     --rate) rate=$2; shift 2 ;;
     --delay) delay=$2; shift 2 ;;
     --) shift; break ;;
@@ -24,6 +27,18 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ $# -gt 0 ] || { echo "netns_nodes.sh: no program given (after --)" >&2; exit 2; }
+# rank -> host: host by host (per ranks each, or --layout's sizes), or dealt out round robin
+host_of=()
+if [ -n "$layout" ]; then
+  IFS=, read -r -a sizes <<<"$layout"
+  hosts=${#sizes[@]}
+  for ((j = 0; j < hosts; j++)); do for ((k = 0; k < sizes[j]; k++)); do host_of+=($j); done; done
+else
+  for ((r = 0; r < hosts * per; r++)); do
+    if [ $rr = 1 ]; then host_of+=($((r % hosts))); else host_of+=($((r / per))); fi
+  done
+fi
+n=${#host_of[@]}
 if ! ip netns add collx-probe-$$ 2>/dev/null; then
   echo "netns_nodes.sh: this machine does not allow network namespaces (ip netns add failed): skipped" >&2
   exit 77
@@ -31,7 +46,9 @@ fi
 ip netns del collx-probe-$$
 tag=cx$$
 br=${tag}br
+holders=()
 cleanup() {
+  for h in "${holders[@]}"; do kill "$h" 2>/dev/null || true; done
   for ((j = 0; j < hosts; j++)); do ip netns del ${tag}h$j 2>/dev/null || true; done
   ip link del $br 2>/dev/null || true
 }
@@ -60,13 +77,28 @@ for ((j = 0; j < hosts; j++)); do
     ip netns exec $ns tc qdisc add dev ${tag}p$j root tbf rate "$rate" burst 256kb latency 50ms
   fi
 done
-n=$((hosts * per))
+# Each host its own /dev/shm, as separate machines have: a process per host holds a mount
+# namespace (in the host's network namespace) with a fresh tmpfs there, and the host's ranks
+# enter both. (Without unshare and nsenter the hosts share this machine's /dev/shm.)
+shm_pid=()
+if command -v unshare >/dev/null && command -v nsenter >/dev/null; then
+  for ((j = 0; j < hosts; j++)); do
+    f=$(mktemp)
+    ip netns exec ${tag}h$j unshare -m --propagation private sh -c \
+      "mount -t tmpfs -o size=1g tmpfs /dev/shm && echo \$\$ > $f && exec sleep 100000" &
+    holders+=($!)
+    for _ in $(seq 100); do [ -s "$f" ] && break; sleep 0.05; done
+    shm_pid+=("$(cat "$f")")
+    rm -f "$f"
+  done
+fi
 port=$((20000 + $$ % 20000))
 token=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
 pids=()
 for ((r = 0; r < n; r++)); do
-  if [ $rr = 1 ]; then j=$((r % hosts)); else j=$((r / per)); fi
-  ip netns exec ${tag}h$j env COLLX_RANK=$r COLLX_WORLD_SIZE=$n COLLX_JOB=$tag MASTER_ADDR=10.77.0.1 MASTER_PORT=$port \
+  j=${host_of[$r]}
+  if [ ${#shm_pid[@]} -gt 0 ] && [ -n "${shm_pid[$j]}" ]; then enter=(nsenter -t "${shm_pid[$j]}" -m -n --); else enter=(ip netns exec ${tag}h$j); fi
+  "${enter[@]}" env COLLX_RANK=$r COLLX_WORLD_SIZE=$n COLLX_JOB=$tag MASTER_ADDR=10.77.0.1 MASTER_PORT=$port \
     COLLX_JOB_TOKEN=$token COLLX_NODE=host$j "$@" &
   pids+=($!)
 done

@@ -126,6 +126,55 @@ TEST_CASE("algo::two_level all_reduce over nodes of threads: every layout, rank 
   CHECK(collx_test::run_all_reduce<float, collx::ops::sum, algo::two_level>(5, 100003, false) == "");
 }
 
+TEST_CASE("algo::two_level reduce_scatter, all_gather, broadcast and reduce over nodes of threads", "[two_level]") {
+  collx_test::check_reducing_matrix<node_threads<layout::round_robin>, algo::two_level>({1, 2, 3, 5, 8});
+  collx_test::check_moving_matrix<node_threads<layout::uneven>, algo::two_level>({2, 3, 5, 7});
+  collx_test::check_reducing_matrix<node_threads<layout::uneven>, algo::two_level>({7});
+  collx_test::check_moving_matrix<node_threads<layout::pairs>, algo::two_level>({5, 8});
+  // Every root, and sizes on each side of small_bytes and doubling_bytes (the binomial tree or
+  // the chain on a rail), in place too.
+  for (int root = 0; root < 5; ++root)
+    for (std::size_t count : {std::size_t(1000), std::size_t(5003), std::size_t(70001)}) {
+      CAPTURE(root, count);
+      CHECK(collx_test::run_broadcast<float, algo::two_level, node_threads<layout::uneven>>(5, count, root) == "");
+      CHECK(collx_test::run_reduce<float, collx::ops::sum, algo::two_level, node_threads<layout::round_robin>>(5, count, root) == "");
+      CHECK(collx_test::run_reduce<double, collx::ops::max, algo::two_level, node_threads<layout::uneven>>(5, count, root) == "");
+    }
+  for (int n : {3, 6}) {
+    CAPTURE(n);
+    CHECK(collx_test::run_reduce_scatter_in_place<std::int32_t, collx::ops::sum, algo::two_level, node_threads<layout::uneven>>(n, 1001) == "");
+    CHECK(collx_test::run_all_gather_in_place<float, algo::two_level, node_threads<layout::round_robin>>(n, 1001) == "");
+    CHECK(collx_test::run_reduce_scatter<collx::bfloat16, collx::ops::avg, algo::two_level, node_threads<layout::pairs>>(n, 30011) == "");
+  }
+}
+
+TEST_CASE("algo::two_level reduce_scatter and all_gather: (M-1)/M x D cross between nodes per node, fewer than the flat ring's", "[two_level]") {
+  const std::size_t k = 9 * 5 * 7 * 64, e = 4;  // a block's elements
+  for (const auto& [sizes, rr] : std::vector<std::pair<std::vector<int>, bool>>{{{2, 2}, false}, {{2, 2}, true}, {{2, 2, 2}, false},
+                                                                                {{4, 4}, true}, {{3, 3, 3}, false}}) {
+    const node_map nm = node_map::of_sizes(sizes, rr);
+    const int N = nm.size(), M = nm.nodes();
+    CAPTURE(nm.describe());
+    const collx::partition blocks(k * std::size_t(N), N);
+    const std::uint64_t D = k * std::size_t(N) * e;
+    const auto rs = bytes_out_of_nodes(nm, e, [&](int r) {
+      return algo::two_level{}.reduce_scatter(algo::rs_problem{r, N, blocks, collx::buf::in, collx::buf::none, e, true}, nm);
+    });
+    const auto ag = bytes_out_of_nodes(nm, e, [&](int r) {
+      return algo::two_level{}.all_gather(algo::ag_problem{r, N, blocks, false, 0, e}, nm);
+    });
+    const auto flat = bytes_out_of_nodes(nm, e, [&](int r) {
+      return algo::ring{}.reduce_scatter(algo::rs_problem{r, N, blocks, collx::buf::in, collx::buf::none, e, true});
+    });
+    for (int j = 0; j < M; ++j) {
+      CAPTURE(j);
+      CHECK(rs[std::size_t(j)] == std::uint64_t(M - 1) * D / std::uint64_t(M));
+      CHECK(ag[std::size_t(j)] == rs[std::size_t(j)]);
+      CHECK(rs[std::size_t(j)] < flat[std::size_t(j)]);
+    }
+  }
+}
+
 // Flat policies over a two-level communicator: steps with peers on both transports at once.
 TEMPLATE_TEST_CASE("flat policies over nodes of threads (a step's peers on both levels)", "[two_level]", algo::ring, algo::tree,
                    algo::recursive_halving, algo::recursive_doubling, algo::pairwise, algo::automatic) {
@@ -140,22 +189,66 @@ TEMPLATE_TEST_CASE("flat policies over nodes of threads (a step's peers on both 
     }
 }
 
-TEST_CASE("algo::automatic on a communicator on several nodes runs two_level for all_reduce, unless COLLX_ALGO names a policy", "[two_level]") {
-  std::vector<std::string> ran(4);
+TEST_CASE("the two-level model: two_level where bytes cross between nodes, within its schedules' reach", "[two_level][model]") {
+  // Shared memory inside the nodes, tcp between them: the shipped defaults.
+  const collx::model::levels lv{collx::model::shipped_defaults("shm"), collx::model::shipped_defaults("tcp")};
+  for (const auto& [sizes, rr] : std::vector<std::pair<std::vector<int>, bool>>{{{2, 2}, false}, {{2, 2}, true}, {{3, 3}, false}, {{3, 2}, true}}) {
+    const node_map nm = node_map::of_sizes(sizes, rr);
+    CAPTURE(nm.describe());
+    for (auto c : {collx::algo::collective::all_reduce, collx::algo::collective::reduce_scatter, collx::algo::collective::all_gather,
+                   collx::algo::collective::broadcast, collx::algo::collective::reduce}) {
+      CAPTURE(collx::model::name(c));
+      const auto pr = collx::model::problem::of_bytes(c, nm.size(), std::size_t(64) << 20);
+      const auto v = collx::model::evaluate_on_nodes(pr, nm, lv);
+      const auto b = collx::model::best_on_nodes(pr, nm, lv);
+      // two_level sends the fewest bytes between nodes of all the candidates, and the pick is the
+      // least predicted time
+      const auto two = std::find_if(v.begin(), v.end(), [](auto& y) { return y.two_level; });
+      REQUIRE(two != v.end());
+      for (const auto& x : v) {
+        CHECK(x.between_nodes >= two->between_nodes);
+        CHECK(b.seconds <= x.seconds);
+      }
+      // all_reduce: two_level in every layout. (A flat policy can tie elsewhere: a broadcast's
+      // chain numbered node by node crosses once per node, as the rails do, in one pipeline; a
+      // binomial tree or recursive halving dealt out round robin pairs node-mates first.)
+      if (c == collx::algo::collective::all_reduce) CHECK(b.two_level);
+    }
+  }
+  // Links alike on both levels, one node's ranks consecutive: at 8 bytes the candidates' steps
+  // decide, and the model's pick is the least predicted.
+  const node_map nm = node_map::of_sizes({2, 2});
+  const collx::model::levels same{collx::model::shipped_defaults("tcp"), collx::model::shipped_defaults("tcp")};
+  const auto pr = collx::model::problem::of_bytes(collx::algo::collective::all_reduce, 4, 8);
+  const auto v = collx::model::evaluate_on_nodes(pr, nm, same);
+  const auto b = collx::model::best_on_nodes(pr, nm, same);
+  for (const auto& x : v) CHECK(b.seconds <= x.seconds);
+}
+
+TEST_CASE("algo::automatic on a communicator on several nodes: the two-level model's pick, unless COLLX_ALGO names a policy", "[two_level]") {
+  std::vector<std::string> ran(4), want(4);
   auto policies = [&](auto& comm) {
+    std::string w;
     for (std::size_t count : {std::size_t(2), std::size_t(100003)}) {
       std::vector<float> v(count, 1.0f);
       collx::all_reduce(comm, std::span{v}, collx::ops::sum{});
       if (v[count - 1] != float(comm.size())) throw std::runtime_error("wrong sum");
+      // what the model predicts with the levels automatic_setup gathered
+      const auto& st = comm.automatic();
+      auto params = [](const auto& x) { return collx::model::params{x.alpha, x.beta, x.gamma, {}, x.cores, x.ranks, x.delta, x.curve, x.fit}; };
+      const auto b = collx::model::best_on_nodes(collx::model::problem{collx::algo::collective::all_reduce, comm.size(), count, 4, 0, true},
+                                                 comm.transport().nodes(), collx::model::levels{params(st.node), params(st.net)});
+      w += std::string(b.two_level ? "two_level" : collx::model::name(b.policy)) + " ";
     }
     std::string s;
     for (const auto& rec : collx::flight::records(comm))
       if (std::string(rec.sig.collective, strnlen(rec.sig.collective, sizeof rec.sig.collective)) == "all_reduce")
         s += std::string(rec.sig.policy, strnlen(rec.sig.policy, sizeof rec.sig.policy)) + " ";
     ran[std::size_t(comm.rank())] = s;
+    want[std::size_t(comm.rank())] = w;
   };
   collx::launch_node_threads(lay_out(4, layout::round_robin), policies);
-  for (const auto& s : ran) CHECK(s == "two_level two_level ");
+  for (int r = 0; r < 4; ++r) CHECK(ran[std::size_t(r)] == want[std::size_t(r)]);
   {
     const collx_test::scoped_env e("COLLX_ALGO", "all_reduce=ring");
     collx::launch_node_threads(lay_out(4, layout::round_robin), policies);

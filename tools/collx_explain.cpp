@@ -24,12 +24,15 @@
 //   collx-explain all_reduce -n 8 --dot ring.dot --policy ring     a schedule as Graphviz
 //   collx-explain all_reduce -n 4 --bytes 1M --measure --transport shm   predicted vs measured
 //   collx-explain all_reduce -n 8 --csv 8 1G          predicted time and busbw per policy and size
+//   collx-explain all_reduce --nodes 2,2 --bytes 64M   on nodes: the two-level model, every flat
+//                                                      policy and two_level, bytes between nodes
 //
 // The tool also checks that every send meets a receive of the same size at the same step on its
 // peer, and exits non-zero if one does not (so it doubles as a test).
 #include <collx/algo/calibration.hpp>
 #include <collx/collx.hpp>
 #include <collx/algo/model.hpp>
+#include <collx/algo/nodes_model.hpp>
 
 #include <chrono>
 
@@ -73,6 +76,9 @@ struct config {
   std::size_t csv_min = 8, csv_max = std::size_t(1) << 30;
   std::string perf;               // collx-perf for --measure
   model::params params;           // the model's parameters for `transport`
+  std::vector<int> nodes;         // --nodes: ranks per node (then N is their sum)
+  bool round_robin = false;       // --round-robin: ranks dealt out over the nodes
+  std::string net = "tcp";        // --net: the transport between nodes (--transport: within)
 };
 
 model::problem problem_of(const config& cfg) {
@@ -540,6 +546,59 @@ void print_summary(const config& cfg) {
     std::printf("   (COLLX_ALGO=%s is set: algo::automatic follows it where it applies)\n", std::getenv("COLLX_ALGO"));
 }
 
+/// The bytes out of each node of two_level's schedule by its formula (nodes of any sizes), for
+/// the collectives that have one; -1 where it is not stated.
+double two_level_formula(coll c, double D, int M) {
+  switch (c) {
+    case coll::all_reduce: return 2.0 * (M - 1) / M * D;
+    case coll::reduce_scatter:
+    case coll::all_gather: return double(M - 1) / M * D;
+    default: return -1;
+  }
+}
+
+/// --nodes: the communicator laid out on nodes; each candidate's predicted time on two levels
+/// (algo/nodes_model.hpp) and the bytes its busiest node sends to the others. Returns false when
+/// two_level's counted bytes miss their formula.
+bool print_nodes(const config& cfg) {
+  const collx::node_map nm = collx::node_map::of_sizes(cfg.nodes, cfg.round_robin);
+  const int M = nm.nodes();
+  const model::levels lv{model::params_for(cfg.transport, nm.widest()), model::params_for(cfg.net, nm.size())};
+  const model::problem pr = problem_of(cfg);
+  const double D = double(pr.bytes());
+  std::printf("\n== on %d nodes: %s\n", M, nm.describe().c_str());
+  std::printf("   within a node: %s (%s)\n   between nodes: %s (%s), a node's ranks sharing its link\n", cfg.transport.c_str(),
+              lv.node.source.c_str(), cfg.net.c_str(), lv.net.source.c_str());
+  std::printf("   a step costs max(the busiest rank's step on its node, the busiest node's step to the others) + gamma x reduced\n");
+  const auto v = model::evaluate_on_nodes(pr, nm, lv);
+  const auto pick = model::best_on_nodes(pr, nm, lv);
+  std::printf("   %-20s %12s %18s %10s\n", "policy", "predicted", "out of a node", "busbw");
+  bool ok = true;
+  for (const auto& c : v) {
+    const std::string name = c.two_level ? "two_level" : model::name(c.policy);
+    const double bw = c.seconds > 0 ? D / c.seconds * bus_factor(cfg.c, cfg.n) / 1e9 : 0;
+    const bool picked = c.two_level == pick.two_level && (c.two_level || c.policy == pick.policy);
+    std::printf("   %-20s %12s %18s %7.2f GB/s%s\n", name.c_str(), human_time(c.seconds).c_str(), human(double(c.between_nodes)).c_str(),
+                bw, picked ? "   <- algo::automatic" : "");
+  }
+  if (model::two_level_supports(cfg.c, cfg.commutative) && M > 1) {
+    const auto all = model::two_level_schedules(pr, nm);
+    const auto out = model::bytes_between_nodes(all, nm, pr.elem);
+    const double f = two_level_formula(cfg.c, D, M);
+    if (f >= 0) {
+      std::printf("   two_level's bytes out of each node, counted from its schedules: ");
+      for (std::size_t j = 0; j < out.size(); ++j) std::printf("%s%s", j ? ", " : "", human(double(out[j])).c_str());
+      const bool even = pr.count % std::size_t(nm.widest() * M) == 0;
+      std::printf("\n   the formula: %s = %s%s\n", cfg.c == coll::all_reduce ? "2(M-1)/M x D" : "(M-1)/M x D", human(f).c_str(),
+                  even ? "" : " (the count does not divide into equal shards: the counts differ by a few elements)");
+      for (std::uint64_t b : out)
+        if (even && double(b) != f && nm.widest() * M == nm.size()) ok = false;
+      if (!ok) std::printf("   MISMATCH between the counted bytes and the formula\n");
+    }
+  }
+  return ok;
+}
+
 /// --csv: predicted time and bus bandwidth per policy and size (powers of two), for plots.
 void print_csv(const config& cfg) {
   std::printf("bytes,policy,predicted_us,busbw_GBps,best\n");
@@ -669,7 +728,7 @@ int usage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s [COLLECTIVE] [-n N] [--bytes SIZE] [--root R] [--noncommutative] [--transport T]\n"
                "                     [--policy P,..] [--alpha S] [--beta S] [--gamma S] [--steps K|all]\n"
-               "                     [--dot FILE] [--measure] [--csv MIN MAX]\n"
+               "                     [--dot FILE] [--measure] [--csv MIN MAX] [--nodes A,B,..] [--round-robin] [--net T]\n"
                "  COLLECTIVE        all_reduce (default), reduce_scatter, all_gather, broadcast, reduce, all_to_all\n"
                "  -n N              ranks (default 4)\n"
                "  -b, --bytes SIZE  the largest buffer a rank passes (nccl-tests' size), e.g. 64K (default), 64MiB\n"
@@ -685,7 +744,12 @@ int usage(const char* argv0) {
                "  --dot FILE        write one policy's schedule (--policy, else the model's pick) as Graphviz ('-': stdout)\n"
                "  --measure         also run each policy with collx-perf and print predicted and measured time\n"
                "                    (collx-perf: $COLLX_PERF, else next to this program or in ../bench/, else PATH)\n"
-               "  --csv MIN MAX     print predicted time and busbw per policy for sizes MIN..MAX (x2), as CSV\n",
+               "  --csv MIN MAX     print predicted time and busbw per policy for sizes MIN..MAX (x2), as CSV\n"
+               "  --nodes A,B,..    the ranks laid out on nodes of A, B, .. ranks (N is their sum): the two-level\n"
+               "                    model (--transport within a node, --net between, default tcp), two_level beside\n"
+               "                    the flat policies, and the bytes out of each node counted against the formula\n"
+               "  --round-robin     with --nodes: ranks dealt out over the nodes in turn\n"
+               "  --net T           with --nodes: the transport between nodes (tcp, shm, threads)\n",
                argv0);
   return 2;
 }
@@ -755,6 +819,24 @@ int main(int argc, char** argv) {
       cfg.csv = true;
       cfg.csv_min = *lo;
       cfg.csv_max = *hi;
+    } else if (arg == "--nodes") {
+      const std::string v(value());
+      cfg.nodes.clear();
+      for (std::size_t a = 0; a <= v.size();) {
+        const std::size_t e = std::min(v.find(',', a), v.size());
+        const auto k = parse_size(std::string_view(v).substr(a, e - a));
+        if (!k || *k < 1 || *k > 1024) return usage(argv[0]);
+        cfg.nodes.push_back(int(*k));
+        a = e + 1;
+      }
+      cfg.n = 0;
+      for (int k : cfg.nodes) cfg.n += k;
+    } else if (arg == "--round-robin") {
+      cfg.round_robin = true;
+    } else if (arg == "--net") {
+      const collx::transport_entry* t = collx::find_transport(value());
+      if (t == nullptr || t->ranks == collx::rank_kind::device) return usage(argv[0]);
+      cfg.net = t->name;
     } else if (const auto c = model::parse_collective(arg)) {
       cfg.c = *c;
     } else {
@@ -790,6 +872,7 @@ int main(int argc, char** argv) {
   for (model::choice p : shown(cfg))
     ok = model::visit(p, [&](const auto& a) { return print_policy(a, cfg); }) && ok;
   print_summary(cfg);
+  if (!cfg.nodes.empty()) ok = print_nodes(cfg) && ok;
   if (cfg.measure) ok = measure(cfg) && ok;
   return ok ? 0 : 1;
 }

@@ -10,10 +10,13 @@ template <class T, class E, class Algo>
 void all_gather_blocks(communicator<T>& comm, const call_info& call, const E* in, E* out, const partition& blocks,
                        bool in_place, const Algo& a) {
   static_assert(check_policy<Algo>());
-  static_assert(requires(const algo::ag_problem& p) { a.all_gather(p); },
+  static_assert(requires(const algo::ag_problem& p, const node_map& m) { a.all_gather(p); } ||
+                    requires(const algo::ag_problem& p, const node_map& m) { a.all_gather(p, m); },
                 "collx: this policy has no all_gather schedule (ring, tree and recursive_halving have one)");
   const algo::ag_problem p{comm.rank(), comm.size(), blocks, in_place, 0, sizeof(E)};
-  const auto s = cached(comm, a, p, [&] { return a.all_gather(p); });
+  const auto s = cached(comm, a, p, [&] {
+    return plan(comm, [&](const auto&... m) -> decltype(a.all_gather(p, m...)) { return a.all_gather(p, m...); });
+  });
   execute(comm, call, *s, in, out, no_op{});
 }
 }  // namespace detail

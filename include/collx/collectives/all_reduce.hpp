@@ -19,18 +19,12 @@ void all_reduce_impl(communicator<T>& comm, call_info& call, const Bufs& given, 
     using P = std::decay_t<decltype(pol)>;
     static_assert(check_reducing<E, Op, P>());
     const algo::ar_problem p{comm.rank(), comm.size(), count, sizeof(E), is_commutative_v<Op>, src};
-    if constexpr (requires(const algo::ar_problem& q, const node_map& m) { pol.all_reduce(q, m); }) {
-      // A node-aware policy (algo/two_level.hpp): over the communicator's node map (one node
-      // where its transport has none). The map is the communicator's for its life: not in the key.
+    if constexpr (requires(const algo::ar_problem& q, const node_map& m) { pol.all_reduce(q); } ||
+                  requires(const algo::ar_problem& q, const node_map& m) { pol.all_reduce(q, m); }) {
+      // The policy's own all-reduce (over the communicator's node map for a node-aware one: the
+      // map is the communicator's for its life, so not in the key).
       const auto s = cached(comm, pol, p, [&] {
-            schedule x = with_nodes(comm, [&](const node_map& m) { return pol.all_reduce(p, m); });
-            x.finalize({buf::out, 0, count});
-            return x;
-          });
-      execute<T, E>(comm, call, *s, b, op);
-    } else if constexpr (requires(const algo::ar_problem& q) { pol.all_reduce(q); }) {
-      const auto s = cached(comm, pol, p, [&] {
-            schedule x = pol.all_reduce(p);
+            schedule x = plan(comm, [&](const auto&... m) -> decltype(pol.all_reduce(p, m...)) { return pol.all_reduce(p, m...); });
             x.finalize({buf::out, 0, count});
             return x;
           });

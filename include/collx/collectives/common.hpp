@@ -12,6 +12,7 @@
 
 #include "../algo/automatic.hpp"
 #include "../algo/policies.hpp"
+#include "../algo/nodes_model.hpp"
 #include "../algo/two_level.hpp"
 #include "../algo/binomial.hpp"
 #include "../algo/calibration.hpp"
@@ -115,7 +116,8 @@ void automatic_setup(communicator<T>& comm) {
   auto& st = comm.automatic();
   if (st.ready) return;
   struct blob {
-    typename communicator<T>::automatic_state::numbers n;
+    typename communicator<T>::automatic_state::numbers n, node, net;
+    bool levels;
     std::int8_t per[algo::kCollectives];
     std::int8_t all;
     char source[256];
@@ -126,15 +128,29 @@ void automatic_setup(communicator<T>& comm) {
   // Only rank 0 reads the calibration files: the others take its numbers anyway, and a
   // thousand ranks reading $HOME at once is a storm on a shared file system.
   algo_override o;
-  model::params p;
+  model::params p, pn, pt;
+  auto numbers = [](const model::params& q) -> typename communicator<T>::automatic_state::numbers {
+    return {q.alpha, q.beta, q.gamma, q.delta, q.cores, q.ranks, q.curve, q.fit};
+  };
   try {
     o = parse_algo_override(env_string("COLLX_ALGO"));
-    if (comm.rank() == 0) p = model::params_for(transport_kind(comm.transport()), comm.size());
+    if (comm.rank() == 0) {
+      p = model::params_for(transport_kind(comm.transport()), comm.size());
+      // Laid out on nodes: each level's, from its own transport (algo/nodes_model.hpp).
+      with_two_levels(comm.transport(), [&](const auto& t) {
+        pn = model::params_for(transport_kind(t.intra()), t.nodes().widest());
+        pt = model::params_for(transport_kind(t.inter()), comm.size());
+        b.levels = true;
+        p.source = "node: " + pn.source + "; between nodes: " + pt.source;
+      });
+    }
   } catch (const std::exception& e) {
     comm.transport().abort(e.what());
     throw;
   }
-  b.n = {p.alpha, p.beta, p.gamma, p.delta, p.cores, p.ranks, p.curve, p.fit};
+  b.n = numbers(p);
+  b.node = numbers(pn);
+  b.net = numbers(pt);
   std::copy(o.per.begin(), o.per.end(), b.per);
   b.all = o.all;
   std::snprintf(b.source, sizeof b.source, "%s", p.source.c_str());
@@ -146,6 +162,9 @@ void automatic_setup(communicator<T>& comm) {
                         [&](std::byte* p) { execute(comm, call, s, static_cast<const std::byte*>(p), p, no_op{}); });
   }
   st.n = b.n;
+  st.node = b.node;
+  st.net = b.net;
+  st.levels = b.levels;
   std::copy(std::begin(b.per), std::end(b.per), st.forced.begin());
   st.forced_all = b.all;
   st.source = std::string(b.source, strnlen(b.source, sizeof b.source));
@@ -175,6 +194,10 @@ inline void debug_choice(const debug_log& dbg, const model::problem& pr, const m
   dbg.write(debug_level::info, m + " (model parameters: " + source + ")");
 }
 
+/// automatic_choice's answer for algo::two_level (not one of algo::policies: the two-level model
+/// chooses it, on a communicator laid out on several nodes).
+inline constexpr algo::choice two_level_choice = algo::choice(algo::policies::size);
+
 /// The policy automatic runs for this call: COLLX_ALGO's, or the model's least predicted time.
 /// `count` is the collective's count argument (model::problem).
 template <class T>
@@ -203,14 +226,31 @@ algo::choice automatic_choice(communicator<T>& comm, algo::collective c, std::si
     st.last_choice = it->second;
     return algo::choice(it->second);
   }
-  const model::params p{st.n.alpha, st.n.beta, st.n.gamma, {}, st.n.cores, st.n.ranks, st.n.delta, st.n.curve, st.n.fit};
+  auto params = [](const auto& x) {
+    return model::params{x.alpha, x.beta, x.gamma, {}, x.cores, x.ranks, x.delta, x.curve, x.fit};
+  };
+  const model::params p = params(st.n);
   const model::problem pr{c, n, count, elem, 0, commutative};
-  const algo::choice best = model::best(pr, p);
+  algo::choice best{};
+  // Laid out on several nodes: the two-level model, among the flat policies and two_level.
+  // (with_policy runs two_level where the transport itself has the node map)
+  const bool on_nodes = [&] {
+    if constexpr (requires { comm.transport().nodes(); }) {
+      const node_map& m = comm.transport().nodes();
+      if (!st.levels || m.flat()) return false;
+      const model::node_candidate b = model::best_on_nodes(pr, m, model::levels{params(st.node), params(st.net)});
+      best = b.two_level ? two_level_choice : b.policy;
+      return true;
+    } else {
+      return false;
+    }
+  }();
+  if (!on_nodes) best = model::best(pr, p);
   if (st.decisions.size() >= st.kMaxDecisions) st.decisions.clear();
   st.decisions.emplace(key, std::int8_t(best));
   st.last_shape = key;
   st.last_choice = std::int8_t(best);
-  if (comm.debug().on(debug_level::info)) debug_choice(comm.debug(), pr, p, best, st.source, comm.identity());
+  if (comm.debug().on(debug_level::info) && !on_nodes) debug_choice(comm.debug(), pr, p, best, st.source, comm.identity());
   return best;
 }
 
@@ -227,24 +267,18 @@ void with_policy(const Algo& a, communicator<T>& comm, std::size_t count, call_i
       if (call.rec != nullptr) call.rec->policy = std::decay_t<decltype(pol)>::name;  // the record says what ran
       f(pol);
     };
-    // On a communicator laid out on several nodes (transport::two_level), a commutative
-    // all_reduce runs the node-aware policy, unless COLLX_ALGO names a policy for it: measured
-    // at or above the best flat policy from 32 KiB to 64 MiB and within the noise below
-    // (docs/nodes.md). (A rule, until the cost model knows two levels.)
-    if constexpr (C == algo::collective::all_reduce && commutative && requires { comm.transport().nodes(); }) {
-      if (comm.size() > 1 && !comm.transport().nodes().flat()) {
-        automatic_setup(comm);
-        const auto& st = comm.automatic();
-        const std::int8_t forced = st.forced[std::size_t(C)];
-        if (forced == algo_override::kModel || (forced == algo_override::kUnset && st.forced_all < 0)) {
+    // The chosen policy, among those of algo::policies that have a schedule for C and this op
+    // (the model only chooses among those; recursive_halving serves every collective else), or,
+    // on a communicator laid out on several nodes, two_level (algo/nodes_model.hpp).
+    const algo::choice ch = automatic_choice(comm, C, count, sizeof(E), commutative, call);
+    if constexpr (requires { comm.transport().nodes(); }) {
+      if constexpr (model::two_level_supports(C, commutative)) {
+        if (ch == two_level_choice) {
           run(algo::two_level{});
           return;
         }
       }
     }
-    // The chosen policy, among those of algo::policies that have a schedule for C and this op
-    // (the model only chooses among those; recursive_halving serves every collective else).
-    const algo::choice ch = automatic_choice(comm, C, count, sizeof(E), commutative, call);
     bool ran = false;
     algo::for_each_policy([&]<class P>() {
       if constexpr (model::supports<P>(C, commutative)) {

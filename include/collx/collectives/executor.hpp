@@ -288,6 +288,24 @@ decltype(auto) with_nodes(communicator<T>& comm, F&& f) {
   return f(node_map::of_sizes({comm.size()}));
 }
 
+/// f(t) where t is a two-level transport (transport::two_level, looking through decorators);
+/// nothing else.
+template <class Tr, class F>
+void with_two_levels(const Tr& t, F&& f) {
+  if constexpr (requires { t.nodes(); t.intra(); t.inter(); }) f(t);
+  else if constexpr (requires { t.inner(); }) with_two_levels(t.inner(), f);
+}
+
+/// The schedule `make` builds: make(the node map) where the policy's schedule takes one (a
+/// node-aware policy: algo/two_level.hpp), over comm's (with_nodes); make() for any other. Give
+/// `make` a return type that names the call (`-> decltype(pol.f(p, m...))`), so that which of the
+/// two it takes is read from its signature.
+template <class T, class Make>
+schedule plan(communicator<T>& comm, Make&& make) {
+  if constexpr (std::is_invocable_v<Make&, const node_map&>) return with_nodes(comm, make);
+  else return make();
+}
+
 /// A schedule's kind: its address tells the (policy, problem, variant) types apart. Not const:
 /// a linker that folds identical read-only constants (lld --icf=all, -fmerge-all-constants) could
 /// give two kinds one address, and two schedules one key.

@@ -21,11 +21,12 @@ void reduce(communicator<T>& comm, std::span<const std::type_identity_t<E>> in, 
   }
   detail::with_policy<Op, algo::collective::reduce, E>(a, comm, in.size(), call, [&](const auto& pol) {
     static_assert(detail::check_reducing<E, Op, std::decay_t<decltype(pol)>>());
-    static_assert(requires(const algo::reduce_problem& p) { pol.reduce(p); },
+    static_assert(requires(const algo::reduce_problem& p, const node_map& m) { pol.reduce(p); } ||
+                      requires(const algo::reduce_problem& p, const node_map& m) { pol.reduce(p, m); },
                   "collx: this policy has no reduce schedule (ring, tree and recursive_halving have one)");
     const algo::reduce_problem p{comm.rank(), comm.size(), root, in.size(), sizeof(E), is_commutative_v<Op>};
     const auto s = detail::cached(comm, pol, p, [&] {
-          schedule x = pol.reduce(p);
+          schedule x = detail::plan(comm, [&](const auto&... m) -> decltype(pol.reduce(p, m...)) { return pol.reduce(p, m...); });
           if (p.rank == p.root) x.finalize({buf::out, 0, p.count});
           return x;
         });

@@ -11,11 +11,12 @@ template <class T, class E, class Op, class Algo>
 void reduce_scatter_blocks(communicator<T>& comm, const call_info& call, const E* in, E* out, const partition& blocks,
                            buf src, buf work, const Op& op, const Algo& a) {
   static_assert(check_reducing<E, Op, Algo>());
-  static_assert(requires(const algo::rs_problem& p) { a.reduce_scatter(p); },
+  static_assert(requires(const algo::rs_problem& p, const node_map& m) { a.reduce_scatter(p); } ||
+                    requires(const algo::rs_problem& p, const node_map& m) { a.reduce_scatter(p, m); },
                 "collx: this policy has no reduce_scatter schedule (ring, tree and recursive_halving have one)");
   const algo::rs_problem p{comm.rank(), comm.size(), blocks, src, work, sizeof(E), is_commutative_v<Op>};
   const auto s = cached(comm, a, p, [&] {
-        schedule x = a.reduce_scatter(p);
+        schedule x = plan(comm, [&](const auto&... m) -> decltype(a.reduce_scatter(p, m...)) { return a.reduce_scatter(p, m...); });
         x.finalize(p.result());
         return x;
       });

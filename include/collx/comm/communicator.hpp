@@ -155,6 +155,8 @@ class communicator {
     };
     bool ready = false;
     numbers n;
+    numbers node, net;  // on a communicator laid out on nodes: each level's (algo/nodes_model.hpp)
+    bool levels = false;
     std::string source;
     std::array<std::int8_t, algo::kCollectives> forced = unset();  // per algo::collective: a choice, -1, or -2 (the model)
     std::int8_t forced_all = -1;                                    // COLLX_ALGO's global policy, or -1
