@@ -12,20 +12,6 @@
 
 namespace collx_test {
 
-/// Whether this build runs under ThreadSanitizer: its run is for who touches what, and some
-/// sweeps there keep to the cases that differ in that (their other cases run under ASan).
-#if defined(__SANITIZE_THREAD__)
-inline constexpr bool kThreadSanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-inline constexpr bool kThreadSanitizer = true;
-#else
-inline constexpr bool kThreadSanitizer = false;
-#endif
-#else
-inline constexpr bool kThreadSanitizer = false;
-#endif
-
 /// How a test starts its ranks: threads of this process, or forked processes over shared memory.
 struct threads {
   template <class F>

@@ -1,8 +1,16 @@
 // transport::two_level (a node's ranks over one transport, every other pair over another) and
-// algo::two_level (node-aware all_reduce), against the serial reference: thread-ranks laid out
+// algo::two_level (node-aware collectives) and the machine placement, against the serial reference: thread-ranks laid out
 // on "nodes" (inproc within and across), and processes (shm within each node, tcp across, the
 // node map gathered from each rank's COLLX_NODE as from_env() gathers host names).
 #include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include <collx/collx.hpp>
 
@@ -259,6 +267,34 @@ TEST_CASE("algo::automatic on a communicator on several nodes: the two-level mod
   CHECK(ran[0].find("two_level") == std::string::npos);
 }
 
+TEST_CASE("transport::any holding a two-level transport: its node map, the levels' model, the node-aware collectives", "[two_level]") {
+  // (the torch backend's communicator is a communicator<any>: join_named("two_level", ...))
+  std::vector<std::string> ran(5);
+  collx::launch_node_threads<collx::transport::as_any>(lay_out(5, layout::uneven), [&](auto& comm) {
+    static_assert(std::is_same_v<std::decay_t<decltype(comm.transport())>, collx::transport::any>);
+    const int n = comm.size(), r = comm.rank();
+    if (comm.transport().nodes().nodes() != 2) throw std::runtime_error("any: no node map");
+    if (std::string(comm.transport().level_kinds().first) != "inproc") throw std::runtime_error("any: no levels");
+    std::vector<float> v(300007, float(r + 1));
+    collx::all_reduce(comm, std::span{v}, collx::ops::sum{});  // automatic: the two-level model
+    const float want = float(n * (n + 1) / 2);
+    if (v.front() != want || v.back() != want) throw std::runtime_error("any: wrong all_reduce");
+    std::vector<float> all(5 * 1001, float(r)), mine(1001);
+    collx::reduce_scatter(comm, std::span<const float>{all}, std::span{mine}, collx::ops::sum{}, algo::two_level{});
+    if (mine.back() != float(n * (n - 1) / 2)) throw std::runtime_error("any: wrong reduce_scatter");
+    if (!comm.automatic().levels) throw std::runtime_error("any: automatic has no levels");
+    // a split (torch's new_group): two-level too, its own node map
+    auto sub = comm.split(r % 2, r);
+    if (sub.transport().nodes().size() != sub.size()) throw std::runtime_error("any: the split has no node map");
+    std::vector<int> x(1001, 1);
+    collx::all_reduce(sub, std::span{x}, collx::ops::sum{}, algo::two_level{});
+    if (x.back() != sub.size()) throw std::runtime_error("any: wrong all_reduce on the split");
+    for (const auto& rec : collx::flight::records(comm))
+      ran[std::size_t(r)] += std::string(rec.sig.policy, strnlen(rec.sig.policy, sizeof rec.sig.policy)) + " ";
+  });
+  for (const auto& s : ran) CHECK(s.find("two_level") != std::string::npos);
+}
+
 TEST_CASE("over nodes of threads: nonblocking calls and a fused batch (its all-reduces as one, over their own buffers)", "[two_level]") {
   CHECK(collx_test::run_checked<node_threads<layout::uneven>>(5, [](auto& comm, auto note) {
           const int n = comm.size(), r = comm.rank();
@@ -362,4 +398,70 @@ TEST_CASE("over nodes of processes (shm within, tcp across, the map gathered fro
           if (nm.describe() != "node 0: ranks 0, 1, 2; node 1: ranks 3, 4") note("node map: " + nm.describe());
           if (comm.transport().intra().size() != (comm.rank() < 3 ? 3 : 2)) note("the node's transport has the wrong size");
         }) == "");
+}
+
+TEST_CASE("the machine: NUMA domains from sysfs, placement of local ranks, pinning, COLLX_TOPO_DUMP", "[two_level][topology]") {
+  // This machine: every domain's CPUs are online ones, every online CPU in a domain, this
+  // process's allowed CPUs among them.
+  const collx::machine m = collx::read_machine();
+  REQUIRE(!m.numa.empty());
+  std::vector<int> all;
+  for (const auto& d : m.numa) all.insert(all.end(), d.cpus.begin(), d.cpus.end());
+  std::sort(all.begin(), all.end());
+  CHECK(all == m.online);
+  for (int c : m.allowed) CHECK(std::find(m.online.begin(), m.online.end(), c) != m.online.end());
+  // A sysfs of two domains, as a machine of two sockets has it.
+  const auto root = std::filesystem::temp_directory_path() / ("collx-sysfs-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(root / "cpu");
+  for (int d : {0, 1}) std::filesystem::create_directories(root / "node" / ("node" + std::to_string(d)));
+  auto put = [&](const std::filesystem::path& p, const std::string& s) { std::ofstream(p) << s; };
+  put(root / "cpu/online", "0-7\n");
+  put(root / "node/online", "0-1\n");
+  put(root / "node/node0/cpulist", "0-3\n");
+  put(root / "node/node1/cpulist", "4-5,6,7\n");
+  put(root / "node/node0/meminfo", "Node 0 MemTotal:       1024 kB\nNode 0 MemFree: 5 kB\n");
+  put(root / "node/node1/meminfo", "Node 1 MemTotal:       2048 kB\n");
+  const collx::machine two = collx::read_machine(root.string());
+  std::filesystem::remove_all(root);
+  REQUIRE(two.numa.size() == 2);
+  CHECK(two.numa[1].cpus == std::vector<int>{4, 5, 6, 7});
+  CHECK(two.numa[0].memory_bytes == 1024 * 1024);
+  CHECK(two.online.size() == 8);
+  CHECK(collx::detail_machine::format_list(two.numa[1].cpus) == "4-7");
+  CHECK(collx::detail_machine::format_list({0, 1, 2, 3, 8, 10, 11}) == "0-3,8,10-11");
+  // local rank l of L goes to domain l*D/L: consecutive local ranks share a domain
+  for (const auto& [L, want] : std::vector<std::pair<int, std::vector<int>>>{{1, {0}}, {2, {0, 1}}, {3, {0, 0, 1}}, {4, {0, 0, 1, 1}}}) {
+    std::vector<int> got;
+    for (int l = 0; l < L; ++l) got.push_back(two.domain_of(l, L));
+    CHECK(got == want);
+  }
+  // Pinned to a domain, a process reads itself as pinned (and two_level then leaves it there).
+  if (m.online.size() > 1) {
+    collx::machine one = m;
+    one.numa = {{0, {m.online.front()}, 0}, {1, std::vector<int>(m.online.begin() + 1, m.online.end()), 0}};
+    const pid_t child = ::fork();
+    if (child == 0) {
+      const bool ok = collx::pin_to_domain(one, 0) && collx::read_machine().pinned() &&
+                      collx::read_machine().allowed == std::vector<int>{m.online.front()};
+      ::_exit(ok ? 0 : 1);
+    }
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  }
+  // COLLX_TOPO_DUMP: rank 0 writes the job's nodes, their ranks, each node's machine and the
+  // transports of the two levels.
+  const auto file = std::filesystem::temp_directory_path() / ("collx-topo-" + std::to_string(::getpid()) + ".json");
+  {
+    const collx_test::scoped_env e("COLLX_TOPO_DUMP", file.string().c_str());
+    CHECK(collx_test::run_checked<node_processes<layout::uneven>>(5, [](auto&, auto) {}) == "");
+  }
+  std::ifstream f(file);
+  const std::string js((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::filesystem::remove(file);
+  CHECK(js.find("\"ranks\": 5, \"within\": \"shm\", \"between\": \"tcp\"") != std::string::npos);
+  CHECK(js.find("{\"node\": 0, \"ranks\": [0, 1, 2], \"machine\": {\"host\": ") != std::string::npos);
+  CHECK(js.find("{\"node\": 1, \"ranks\": [3, 4], \"machine\": {\"host\": ") != std::string::npos);
+  CHECK(js.find("\"numa\": [{\"id\": " + std::to_string(m.numa.front().id) + ", \"cpus\": \"" +
+                collx::detail_machine::format_list(m.numa.front().cpus) + "\"") != std::string::npos);
 }

@@ -26,6 +26,8 @@
 //   collx-explain all_reduce -n 8 --csv 8 1G          predicted time and busbw per policy and size
 //   collx-explain all_reduce --nodes 2,2 --bytes 64M   on nodes: the two-level model, every flat
 //                                                      policy and two_level, bytes between nodes
+//   collx-explain --topology [--nodes 3,2]             this machine's NUMA domains and CPUs (hwloc),
+//                                                      where each local rank would be pinned, the nodes
 //
 // The tool also checks that every send meets a receive of the same size at the same step on its
 // peer, and exits non-zero if one does not (so it doubles as a test).
@@ -33,6 +35,10 @@
 #include <collx/collx.hpp>
 #include <collx/algo/model.hpp>
 #include <collx/algo/nodes_model.hpp>
+#include <collx/core/machine.hpp>
+#ifdef COLLX_EXPLAIN_HWLOC
+#include <collx/core/hwloc.hpp>
+#endif
 
 #include <chrono>
 
@@ -79,6 +85,7 @@ struct config {
   std::vector<int> nodes;         // --nodes: ranks per node (then N is their sum)
   bool round_robin = false;       // --round-robin: ranks dealt out over the nodes
   std::string net = "tcp";        // --net: the transport between nodes (--transport: within)
+  bool topology = false;          // --topology
 };
 
 model::problem problem_of(const config& cfg) {
@@ -195,7 +202,8 @@ formula textbook(const Algo&, const config& cfg) {
 
 std::string human(double bytes) {
   char b[32];
-  if (bytes >= 1 << 20) std::snprintf(b, sizeof b, "%.4g MiB", bytes / (1 << 20));
+  if (bytes >= double(1 << 30) * 4) std::snprintf(b, sizeof b, "%.4g GiB", bytes / (1 << 30));
+  else if (bytes >= 1 << 20) std::snprintf(b, sizeof b, "%.4g MiB", bytes / (1 << 20));
   else if (bytes >= 1 << 10) std::snprintf(b, sizeof b, "%.4g KiB", bytes / (1 << 10));
   else std::snprintf(b, sizeof b, "%.0f B", bytes);
   return b;
@@ -599,6 +607,53 @@ bool print_nodes(const config& cfg) {
   return ok;
 }
 
+/// --topology: this machine (hwloc's view where collx-explain was built with it, checked against
+/// sysfs's, which transport::two_level places ranks by), where each of L local ranks goes, and
+/// the job laid out on --nodes with the transport of each level. False where hwloc and sysfs
+/// disagree.
+bool print_topology(const config& cfg) {
+  const collx::machine sys = collx::read_machine();
+  collx::machine m = sys;
+  bool ok = true;
+  std::printf("== this machine: %s\n", m.host.c_str());
+#ifdef COLLX_EXPLAIN_HWLOC
+  const collx::machine_hwloc h = collx::read_machine_hwloc();
+  m = h.m;
+  std::printf("   from hwloc: %d package%s, %d cores, %d hardware threads\n", h.packages, h.packages == 1 ? "" : "s", h.cores, h.threads);
+  // sysfs (what two_level places by) must say the same
+  bool same = sys.numa.size() == m.numa.size();
+  for (std::size_t i = 0; same && i < m.numa.size(); ++i) same = sys.numa[i].cpus == m.numa[i].cpus;
+  std::printf("   sysfs (/sys/devices/system/node) agrees with hwloc on the domains and their CPUs: %s\n", same ? "yes" : "NO");
+  ok = same;
+#else
+  std::printf("   from sysfs (/sys/devices/system/node; this collx-explain was built without hwloc)\n");
+#endif
+  using collx::detail_machine::format_list;
+  for (const auto& d : m.numa)
+    std::printf("   NUMA domain %d: CPUs %s, %s of memory\n", d.id, format_list(d.cpus).c_str(),
+                d.memory_bytes ? human(double(d.memory_bytes)).c_str() : "? bytes");
+  std::printf("   this process may run on CPUs %s%s\n", format_list(m.allowed).c_str(),
+              m.pinned() ? " (pinned: transport::two_level leaves it there)" : "");
+  const std::vector<int> sizes = cfg.nodes.empty() ? std::vector<int>{cfg.n} : cfg.nodes;
+  const collx::node_map nm = collx::node_map::of_sizes(sizes, cfg.round_robin);
+  std::printf("\n== the job: %d ranks on %d node%s, %s within a node, %s between nodes\n", nm.size(), nm.nodes(),
+              nm.nodes() == 1 ? "" : "s", cfg.transport.c_str(), nm.nodes() > 1 ? cfg.net.c_str() : "nothing");
+  for (int j = 0; j < nm.nodes(); ++j) {
+    const auto& mem = nm.members[std::size_t(j)];
+    std::string ranks;
+    for (std::size_t i = 0; i < mem.size(); ++i) ranks += (i ? ", " : "") + std::to_string(mem[i]);
+    std::printf("   node %d: ranks %s\n", j, ranks.c_str());
+    const int L = int(mem.size());
+    for (int l = 0; l < L; ++l) {
+      const int d = m.domain_of(l, L);
+      std::printf("     rank %d (local %d): NUMA domain %d, CPUs %s (COLLX_PIN=1, if its launcher did not pin it)\n", mem[std::size_t(l)], l,
+                  m.numa[std::size_t(d)].id, format_list(m.numa[std::size_t(d)].cpus).c_str());
+    }
+  }
+  std::printf("   (a job's own topology, each node's machine as it read it: COLLX_TOPO_DUMP=FILE)\n");
+  return ok;
+}
+
 /// --csv: predicted time and bus bandwidth per policy and size (powers of two), for plots.
 void print_csv(const config& cfg) {
   std::printf("bytes,policy,predicted_us,busbw_GBps,best\n");
@@ -728,7 +783,7 @@ int usage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s [COLLECTIVE] [-n N] [--bytes SIZE] [--root R] [--noncommutative] [--transport T]\n"
                "                     [--policy P,..] [--alpha S] [--beta S] [--gamma S] [--steps K|all]\n"
-               "                     [--dot FILE] [--measure] [--csv MIN MAX] [--nodes A,B,..] [--round-robin] [--net T]\n"
+               "                     [--dot FILE] [--measure] [--csv MIN MAX] [--nodes A,B,..] [--round-robin] [--net T] [--topology]\n"
                "  COLLECTIVE        all_reduce (default), reduce_scatter, all_gather, broadcast, reduce, all_to_all\n"
                "  -n N              ranks (default 4)\n"
                "  -b, --bytes SIZE  the largest buffer a rank passes (nccl-tests' size), e.g. 64K (default), 64MiB\n"
@@ -749,7 +804,9 @@ int usage(const char* argv0) {
                "                    model (--transport within a node, --net between, default tcp), two_level beside\n"
                "                    the flat policies, and the bytes out of each node counted against the formula\n"
                "  --round-robin     with --nodes: ranks dealt out over the nodes in turn\n"
-               "  --net T           with --nodes: the transport between nodes (tcp, shm, threads)\n",
+               "  --net T           with --nodes: the transport between nodes (tcp, shm, threads)\n"
+               "  --topology        this machine's NUMA domains and CPUs (hwloc), and where each rank of the job\n"
+               "                    (-n, or --nodes) is placed\n",
                argv0);
   return 2;
 }
@@ -831,6 +888,8 @@ int main(int argc, char** argv) {
       }
       cfg.n = 0;
       for (int k : cfg.nodes) cfg.n += k;
+    } else if (arg == "--topology") {
+      cfg.topology = true;
     } else if (arg == "--round-robin") {
       cfg.round_robin = true;
     } else if (arg == "--net") {
@@ -860,6 +919,7 @@ int main(int argc, char** argv) {
                         std::string(alpha >= 0 && beta >= 0 && gamma >= 0 && delta >= 0 ? "" : ", the rest from " + cfg.params.source);
   }
   cfg.perf = find_perf(argv[0]);
+  if (cfg.topology) return print_topology(cfg) ? 0 : 1;
   if (cfg.csv) {
     print_csv(cfg);
     return 0;

@@ -4,8 +4,9 @@
     import torch.distributed as dist
     dist.init_process_group("collx", init_method="env://")   # or file://, tcp://; torchrun, mpirun
 
-Ranks on one host talk over shared memory, across hosts over TCP (COLLX_TORCH_TRANSPORT=shm|tcp
-forces one); the rendezvous is torch's store. new_group() splits the world (no new rendezvous).
+Ranks on one host talk over shared memory. On several hosts, a host's ranks talk over shared
+memory and hosts over TCP (transport::two_level; tcp alone when each host has one rank);
+COLLX_TORCH_TRANSPORT=shm|tcp|two_level forces one. The rendezvous is torch's store. new_group() splits the world (no new rendezvous).
 """
 import datetime
 import os

@@ -311,7 +311,8 @@ def job_async_and_groups(rank, n):
         x.wait()
     expect_equal(w, torch.full((100,), float(n)), "the world after the groups")
     pg = dist.distributed_c10d._get_default_group()
-    want = os.environ.get("COLLX_TORCH_TRANSPORT", "shm")
+    hosts = set(os.environ.get("COLLX_NODE_OF_RANK", "").split(","))
+    want = os.environ.get("COLLX_TORCH_TRANSPORT", "shm" if len(hosts) == 1 else "two_level" if len(hosts) < n else "tcp")
     assert pg.transport == want, f"transport {pg.transport}, expected {want}"
 
 
@@ -476,6 +477,8 @@ def job_stuck_in_own_code(rank, n):
 
 def _rank_main(rank, n, job, init, timeout_s, env):
     os.environ.update(env)
+    if "COLLX_NODE_OF_RANK" in env:  # ranks laid out on "hosts": this rank's (transport/two_level.hpp)
+        os.environ["COLLX_NODE"] = env["COLLX_NODE_OF_RANK"].split(",")[rank]
     kw = dict(rank=rank, world_size=n, timeout=datetime.timedelta(seconds=timeout_s))
     if init.startswith("env://"):
         dist.init_process_group("collx", init_method="env://", **kw)
@@ -565,6 +568,13 @@ def main():
         ("movers over tcp n=3", lambda: run("job_movers", 3, transport="tcp")),
         ("reductions over tcp n=3", lambda: run("job_reductions", 3, transport="tcp")),
         ("async and groups over tcp n=3", lambda: run("job_async_and_groups", 3, transport="tcp")),
+        # ranks on "hosts" (COLLX_NODE): shm among a host's ranks, tcp between hosts, chosen by
+        # the backend itself (transport::two_level), its all_reduce then algo::automatic's
+        # two-level model's
+        ("reductions over two hosts of 2 ranks", lambda: run("job_reductions", 4, extra_env={"COLLX_NODE_OF_RANK": "a,a,b,b"})),
+        ("movers over hosts of 3 + 2 ranks", lambda: run("job_movers", 5, extra_env={"COLLX_NODE_OF_RANK": "a,b,a,b,a"})),
+        ("async and groups over hosts of 3 + 2 ranks",
+         lambda: run("job_async_and_groups", 5, extra_env={"COLLX_NODE_OF_RANK": "a,a,a,b,b"})),
         ("init over file://", case_file_init),
         ("init over tcp://", lambda: run("job_async_and_groups", 2, init=f"tcp://127.0.0.1:{free_port()}")),
         ("mismatched sizes: an error naming the ranks, over shm", lambda: run("job_mismatch", 3, timeout_s=20)),

@@ -137,9 +137,9 @@ void automatic_setup(communicator<T>& comm) {
     if (comm.rank() == 0) {
       p = model::params_for(transport_kind(comm.transport()), comm.size());
       // Laid out on nodes: each level's, from its own transport (algo/nodes_model.hpp).
-      with_two_levels(comm.transport(), [&](const auto& t) {
-        pn = model::params_for(transport_kind(t.intra()), t.nodes().widest());
-        pt = model::params_for(transport_kind(t.inter()), comm.size());
+      with_levels(comm.transport(), [&](const char* within, const char* between, const node_map& nm) {
+        pn = model::params_for(within, nm.widest());
+        pt = model::params_for(between, comm.size());
         b.levels = true;
         p.source = "node: " + pn.source + "; between nodes: " + pt.source;
       });

@@ -288,12 +288,17 @@ decltype(auto) with_nodes(communicator<T>& comm, F&& f) {
   return f(node_map::of_sizes({comm.size()}));
 }
 
-/// f(t) where t is a two-level transport (transport::two_level, looking through decorators);
-/// nothing else.
+/// f(within, between, nodes) where t is laid out on nodes with a transport for each level
+/// (transport::two_level, also inside transport::any; looking through decorators): the two
+/// transports' names and the node map. Nothing else.
 template <class Tr, class F>
-void with_two_levels(const Tr& t, F&& f) {
-  if constexpr (requires { t.nodes(); t.intra(); t.inter(); }) f(t);
-  else if constexpr (requires { t.inner(); }) with_two_levels(t.inner(), f);
+void with_levels(const Tr& t, F&& f) {
+  if constexpr (requires { t.level_kinds(); t.nodes(); }) {
+    const auto k = t.level_kinds();
+    if (k.first != nullptr && k.second != nullptr) f(k.first, k.second, t.nodes());
+  } else if constexpr (requires { t.inner(); }) {
+    with_levels(t.inner(), f);
+  }
 }
 
 /// The schedule `make` builds: make(the node map) where the policy's schedule takes one (a

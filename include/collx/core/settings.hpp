@@ -36,6 +36,12 @@ inline constexpr variable variables[] = {
      "names the job (shared-memory segment, rendezvous keys); default from the launcher (PMIX_NAMESPACE, SLURM_JOB_ID, "
      "TORCHELASTIC_RUN_ID and MASTER_ADDR:MASTER_PORT, ...)"},
     {"COLLX_NODE", "name", "transport::two_level: the node this rank is on (ranks with the same name share one); default the host name"},
+    {"COLLX_PIN", "0 or 1",
+     "transport::two_level: 1 (default) pins each rank its launcher did not pin to its NUMA domain (local rank l of L: "
+     "domain l*D/L); 0 leaves every rank where it is"},
+    {"COLLX_TOPO_DUMP", "file",
+     "transport::two_level: rank 0 writes the job's topology there as JSON (the nodes, the ranks on each, each node's "
+     "NUMA domains, CPUs and memory, the transport of each level), as NCCL_TOPO_DUMP does"},
     {"COLLX_STORE_PATH", "directory", "tcp: rendezvous through files in this shared directory instead of rank 0's TCP store"},
     {"COLLX_SOCKET_IFNAME", "interface name", "tcp: listen on this interface; default the one that routes to MASTER_ADDR"},
     {"COLLX_LOCAL_WORLD_SIZE", "integer", "the job's rank count on this host (equal to COLLX_WORLD_SIZE: every rank on one host)"},

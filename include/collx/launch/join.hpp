@@ -21,6 +21,7 @@
 #include "../transport/any.hpp"
 #include "../transport/shm.hpp"
 #include "../transport/tcp.hpp"
+#include "../transport/two_level.hpp"
 
 namespace collx {
 
@@ -64,6 +65,24 @@ inline transport::tcp join<transport::tcp>(const std::shared_ptr<transport::stor
   return transport::tcp(o.prefix, rank, size, std::move(cfg));
 }
 
+/// two_level<shm, tcp>: tcp joined through the store; which ranks share a host gathered over
+/// it (COLLX_NODE, else the host name: transport/two_level.hpp); then shm among each host's
+/// ranks, under the job's name rank 0 draws and publishes (as join<shm> does).
+template <>
+inline transport::two_level<transport::shm, transport::tcp> join<transport::two_level<transport::shm, transport::tcp>>(
+    const std::shared_ptr<transport::store>& store, int rank, int size, const join_options& o) {
+  transport::tcp out = join<transport::tcp>(store, rank, size, o);
+  const std::string key = o.prefix + "/nodes-job";
+  if (rank == 0) store->set(key, "j" + transport::tcp_detail::rendezvous::random_token().substr(0, 16));
+  const auto job = store->get(key, transport::net::clock::now() + o.timeout);
+  if (!job)
+    throw error(errc::timeout, "join (two_level): rank " + std::to_string(rank) + " waited " + detail::format_seconds(o.timeout) +
+                                   " for rank 0 to publish the job's name at '" + key + "' in " + store->where());
+  transport::shm::config cfg;
+  cfg.attach_timeout = std::min<std::chrono::nanoseconds>(cfg.attach_timeout, o.timeout);
+  return transport::two_level<transport::shm, transport::tcp>::connect(std::move(out), *job, cfg);
+}
+
 /// The transport called `name` in the list of transports (core/transports.hpp), joined through
 /// `store`: one of those whose ranks are processes or hosts.
 inline transport::any join_named(std::string_view name, const std::shared_ptr<transport::store>& store, int rank, int size,
@@ -71,9 +90,11 @@ inline transport::any join_named(std::string_view name, const std::shared_ptr<tr
   const transport_entry* t = find_transport(name);
   if (t != nullptr && t->name == transport::shm::name) return transport::any(join<transport::shm>(store, rank, size, o));
   if (t != nullptr && t->name == transport::tcp::name) return transport::any(join<transport::tcp>(store, rank, size, o));
+  // (not in the list: a composition of two of its transports)
+  if (name == "two_level") return transport::any(join<transport::two_level<transport::shm, transport::tcp>>(store, rank, size, o));
   throw error(errc::invalid_argument, "join_named: no transport between processes is called '" + std::string(name) +
                                           "' (core/transports.hpp: " +
-                                          transport_flags(rank_kind::processes, rank_kind::hosts) + ")");
+                                          transport_flags(rank_kind::processes, rank_kind::hosts) + ", or two_level)");
 }
 
 }  // namespace collx

@@ -21,7 +21,9 @@
 
 namespace collx {
 
-template <class F>
+/// (Decorator wraps each rank's transport: transport::as_any gives a communicator<any> that
+/// holds the two-level transport, as the torch backend's does.)
+template <template <class> class Decorator, class F>
 void launch_node_threads(const node_map& nm, F&& f, options opts = {}) {
   const int n = nm.size();
   if (n < 1) throw error(errc::invalid_argument, "launch_node_threads: the node map has no ranks");
@@ -34,7 +36,7 @@ void launch_node_threads(const node_map& nm, F&& f, options opts = {}) {
       n, g,
       [&](int r) {
         auto [ng, l] = at(r);
-        return two(transport::inproc{ng, l}, transport::inproc{g, r}, nm);
+        return Decorator<two>{two(transport::inproc{ng, l}, transport::inproc{g, r}, nm)};
       },
       [&](int r, bool failed, const std::string& why) {
         auto [ng, l] = at(r);
@@ -42,6 +44,11 @@ void launch_node_threads(const node_map& nm, F&& f, options opts = {}) {
         g->leave(r, failed, why);
       },
       std::forward<F>(f), opts);
+}
+
+template <class F>
+void launch_node_threads(const node_map& nm, F&& f, options opts = {}) {
+  launch_node_threads<detail::no_decorator>(nm, std::forward<F>(f), opts);
 }
 
 template <class F>

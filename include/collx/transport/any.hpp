@@ -15,6 +15,7 @@
 #include "../core/error.hpp"
 #include "../core/call_info.hpp"
 #include "../core/split_plan.hpp"
+#include "../core/topology.hpp"
 
 namespace collx::transport {
 
@@ -27,7 +28,7 @@ class any {
   template <class T>
     requires(!std::is_same_v<std::decay_t<T>, any> && std::is_same_v<typename std::decay_t<T>::memory_space, host_memory>)
   any(T&& t)  // NOLINT: implicit, so any{inproc{...}} and launch_threads<as_any> read naturally
-      : p_(std::make_unique<model<std::decay_t<T>>>(std::forward<T>(t))) {}
+      : p_(std::make_unique<model<std::decay_t<T>>>(std::forward<T>(t))), flat_(node_map::of_sizes({p_->size()})) {}
 
   int rank() const noexcept { return p_->rank(); }
   int size() const noexcept { return p_->size(); }
@@ -46,6 +47,13 @@ class any {
   split_offer prepare_split() { return p_->prepare_split(); }
   any split(const split_plan& p, split_offer&& o) const { return any(p_->split(p, std::move(o))); }
   any shrink(const shrink_request& q, std::vector<int>& members) { return any(p_->shrink(q, members)); }
+  /// The held transport's node map (transport::two_level), else one node of every rank.
+  const node_map& nodes() const noexcept {
+    const node_map* m = p_->nodes();
+    return m != nullptr ? *m : flat_;
+  }
+  /// The held transport's transports within and between nodes (transport::two_level), else none.
+  std::pair<const char*, const char*> level_kinds() const noexcept { return p_->level_kinds(); }
 
  private:
   struct iface {
@@ -60,8 +68,10 @@ class any {
     virtual bool takes_pieces() const noexcept = 0;
     virtual detail::position_board positions() const noexcept = 0;
     virtual split_offer prepare_split() = 0;
-    virtual std::unique_ptr<iface> split(const split_plan&, split_offer&&) const = 0;
+    virtual std::unique_ptr<iface> split(const split_plan&, split_offer&&) = 0;  // (two_level's split its node's transport)
     virtual std::unique_ptr<iface> shrink(const shrink_request&, std::vector<int>&) = 0;
+    virtual const node_map* nodes() const noexcept = 0;
+    virtual std::pair<const char*, const char*> level_kinds() const noexcept = 0;
   };
   template <class T>
   struct model final : iface {
@@ -90,7 +100,7 @@ class any {
       if constexpr (requires { t.prepare_split(); }) return t.prepare_split();
       else throw error(errc::invalid_argument, std::string("transport ") + T::name + " cannot split");
     }
-    std::unique_ptr<iface> split(const split_plan& p, split_offer&& o) const override {
+    std::unique_ptr<iface> split(const split_plan& p, split_offer&& o) override {
       if constexpr (requires { t.split(p, std::move(o)); }) return std::make_unique<model<T>>(t.split(p, std::move(o)));
       else throw error(errc::invalid_argument, std::string("transport ") + T::name + " cannot split");
     }
@@ -98,9 +108,18 @@ class any {
       if constexpr (requires { t.shrink(q, members); }) return std::make_unique<model<T>>(t.shrink(q, members));
       else throw error(errc::invalid_argument, q.what + ": transport " + T::name + " cannot shrink");
     }
+    const node_map* nodes() const noexcept override {
+      if constexpr (requires { t.nodes(); }) return &t.nodes();
+      else return nullptr;
+    }
+    std::pair<const char*, const char*> level_kinds() const noexcept override {
+      if constexpr (requires { t.level_kinds(); }) return t.level_kinds();
+      else return {nullptr, nullptr};
+    }
   };
-  explicit any(std::unique_ptr<iface> p) noexcept : p_(std::move(p)) {}
+  explicit any(std::unique_ptr<iface> p) : p_(std::move(p)), flat_(node_map::of_sizes({p_->size()})) {}
   std::unique_ptr<iface> p_;
+  node_map flat_;  // nodes() of a transport that has no map
 };
 
 /// A decorator for launch_threads / launch_processes that erases the transport's type.

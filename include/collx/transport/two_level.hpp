@@ -19,10 +19,16 @@
 //
 // Which ranks share a node: from_env() gathers every rank's node key over Inter: COLLX_NODE
 // where set (tests: several "nodes" on one machine), else the host name.
+//
+// Placement (connect): a rank its launcher did not pin is pinned to its NUMA domain, local rank
+// l of L to domain l·D/L (core/machine.hpp; COLLX_PIN=0: none). COLLX_TOPO_DUMP=FILE: rank 0
+// writes the job's topology there as JSON: the nodes, the ranks on each, each node's NUMA
+// domains, CPUs and memory (from its local rank 0), and the transport of each level.
 #include <unistd.h>
 
 #include <array>
 #include <cstring>
+#include <fstream>
 #include <span>
 #include <string>
 #include <utility>
@@ -32,6 +38,7 @@
 #include "../core/concepts.hpp"
 #include "../core/error.hpp"
 #include "../core/job_env.hpp"
+#include "../core/machine.hpp"
 #include "../core/options.hpp"
 #include "../core/settings.hpp"
 #include "../core/split_plan.hpp"
@@ -81,6 +88,9 @@ class two_level {
   int rank() const noexcept { return out_.rank(); }
   int size() const noexcept { return out_.size(); }
   const node_map& nodes() const noexcept { return nodes_; }
+  /// The transports within a node and between nodes, by name (automatic's model of two levels
+  /// takes each one's calibration: collectives/common.hpp).
+  std::pair<const char*, const char*> level_kinds() const noexcept { return {Intra::name, Inter::name}; }
   Intra& intra() noexcept { return in_; }
   Inter& inter() noexcept { return out_; }
   const Intra& intra() const noexcept { return in_; }
@@ -200,16 +210,21 @@ class two_level {
       s.push_back({q, reinterpret_cast<const std::byte*>(mine.data()), sizeof(key)});
       v.push_back({q, reinterpret_cast<std::byte*>(all[std::size_t(q)].data()), sizeof(key), nullptr, combine::copy});
     }
-    call_info call;
-    detail::set_name(call.sig.collective, "node_map");
-    detail::set_name(call.sig.policy, "direct");
-    call.sig.count = sizeof(key);
-    call.sig.elem_size = 1;
-    call.sig.op_hash = detail::fnv1a(job_key);
-    call.rank = r;
-    call.timeout = detail::default_timeout();
+    const call_info call = setup_call("node_map", sizeof(key), job_key, r);
     if (n > 1) out.exchange(s, v, exchange_context{&call, {}, false});
     return node_map::from_keys(n, [&](int q) { return std::string(all[std::size_t(q)].data()); });
+  }
+  /// A message of the setup over Inter (the node map, the topology), `bytes` from each sender.
+  static call_info setup_call(const char* what, std::size_t bytes, const std::string& job, int rank) {
+    call_info call;
+    detail::set_name(call.sig.collective, what);
+    detail::set_name(call.sig.policy, "direct");
+    call.sig.count = bytes;
+    call.sig.elem_size = 1;
+    call.sig.op_hash = detail::fnv1a(job);
+    call.rank = rank;
+    call.timeout = detail::default_timeout();
+    return call;
   }
   /// This process's node: COLLX_NODE where set, else its host name.
   static std::string node_key() {
@@ -226,13 +241,51 @@ class two_level {
     const launch_info li = launch_info_from_env();
     return connect(Inter::from_env(std::move(out_cfg)), li.job, in_cfg);
   }
-  /// The node map gathered over `out`, then each node's transport.
+  /// The node map gathered over `out`, this rank placed on its NUMA domain (see the top), then
+  /// each node's transport; COLLX_TOPO_DUMP written.
   template <class IntraConfig = config_of<Intra>>
   static two_level connect(Inter out, const std::string& job, IntraConfig in_cfg = {}) {
     node_map nm = gather_nodes(out, job);
-    const int r = out.rank(), j = nm.node_of[std::size_t(r)];
-    Intra in(job + ".node" + std::to_string(j), nm.local_of[std::size_t(r)], int(nm.members[std::size_t(j)].size()), in_cfg);
+    const int r = out.rank(), j = nm.node_of[std::size_t(r)], l = nm.local_of[std::size_t(r)];
+    const int L = int(nm.members[std::size_t(j)].size());
+    const machine here = read_machine();
+    if (detail::env_int("COLLX_PIN", 0ll, 1ll, 1ll) == 1 && !here.pinned() && here.numa.size() > 1)
+      pin_to_domain(here, here.domain_of(l, L));
+    if (const std::string path = detail::env_string("COLLX_TOPO_DUMP"); !path.empty()) dump_topology(out, nm, here, path, job);
+    Intra in(job + ".node" + std::to_string(j), l, L, in_cfg);
     return two_level(std::move(in), std::move(out), std::move(nm));
+  }
+
+  /// COLLX_TOPO_DUMP: every node's local rank 0 sends its machine (JSON, at most 16 KiB) to
+  /// rank 0 over `out`, which writes the job's topology to `path`.
+  static void dump_topology(Inter& out, const node_map& nm, const machine& here, const std::string& path, const std::string& job) {
+    using block = std::array<char, 16384>;
+    const int r = out.rank(), M = nm.nodes();
+    std::vector<block> got(static_cast<std::size_t>(M));
+    block mine{};
+    const std::string js = to_json(here);
+    std::memcpy(mine.data(), js.data(), std::min(js.size(), mine.size() - 1));
+    std::vector<send_desc> s;
+    std::vector<recv_desc> v;
+    for (int k = 0; k < M; ++k) {
+      const int lead = nm.members[std::size_t(k)].front();
+      if (lead == r && r == 0) got[std::size_t(k)] = mine;
+      else if (lead == r) s.push_back({0, reinterpret_cast<const std::byte*>(mine.data()), sizeof(block)});
+      else if (r == 0) v.push_back({lead, reinterpret_cast<std::byte*>(got[std::size_t(k)].data()), sizeof(block), nullptr, combine::copy});
+    }
+    const call_info call = setup_call("topology", sizeof(block), job, r);
+    if (!s.empty() || !v.empty()) out.exchange(s, v, exchange_context{&call, {}, false});
+    if (r != 0) return;
+    std::ofstream f(path);
+    if (!f) throw error(errc::invalid_argument, "COLLX_TOPO_DUMP: cannot write " + path);
+    f << "{\"ranks\": " << nm.size() << ", \"within\": \"" << Intra::name << "\", \"between\": \"" << Inter::name
+      << "\", \"nodes\": [";
+    for (int k = 0; k < M; ++k) {
+      f << (k ? ", " : "") << "{\"node\": " << k << ", \"ranks\": [";
+      for (std::size_t i = 0; i < nm.members[std::size_t(k)].size(); ++i) f << (i ? ", " : "") << nm.members[std::size_t(k)][i];
+      f << "], \"machine\": " << got[std::size_t(k)].data() << "}";
+    }
+    f << "]}\n";
   }
 
  private:

@@ -15,6 +15,7 @@
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <memory>
@@ -70,7 +71,10 @@ void store_set(c10d::Store& s, const std::string& key, const std::string& value)
   s.set(key, std::vector<uint8_t>(value.begin(), value.end()));
 }
 
+/// Which host this rank is on, as the ranks compare them: COLLX_NODE where set (tests lay ranks
+/// out on "hosts" so), else the rendezvous's id of the machine.
 std::string host_id() {
+  if (const char* n = std::getenv("COLLX_NODE"); n != nullptr && *n != 0) return std::string("node:") + n;
   return collx::transport::tcp_detail::rendezvous::host_id();
 }
 
@@ -746,22 +750,29 @@ class ProcessGroupCollx final : public c10d::ProcessGroup {
     std::string forced;
     if (const char* e = std::getenv("COLLX_TORCH_TRANSPORT")) forced = e;
     // The transports between processes (core/transports.hpp) may be asked for by name.
-    const collx::transport_entry* t = forced.empty() || forced == "auto" ? nullptr : collx::find_transport(forced);
-    TORCH_CHECK(forced.empty() || forced == "auto" ||
+    const bool two = forced == "two_level";
+    const collx::transport_entry* t = forced.empty() || forced == "auto" || two ? nullptr : collx::find_transport(forced);
+    TORCH_CHECK(forced.empty() || forced == "auto" || two ||
                     (t != nullptr && (t->ranks == collx::rank_kind::processes || t->ranks == collx::rank_kind::hosts)),
                 "collx: COLLX_TORCH_TRANSPORT is \"", forced, "\": use ",
-                collx::transport_flags(collx::rank_kind::processes, collx::rank_kind::hosts), ", or auto");
+                collx::transport_flags(collx::rank_kind::processes, collx::rank_kind::hosts), ", two_level or auto");
     // Every rank publishes its host and reads the others' (so each decides alike).
     store_set(store, "collx/host/" + std::to_string(rank), host_id());
-    bool one_host = true;
-    const std::string mine = host_id();
-    for (int q = 0; q < size; ++q)
-      if (store_get(store, "collx/host/" + std::to_string(q)) != mine) one_host = false;
+    std::vector<std::string> hosts;
+    for (int q = 0; q < size; ++q) {
+      const std::string h = store_get(store, "collx/host/" + std::to_string(q));
+      if (std::find(hosts.begin(), hosts.end(), h) == hosts.end()) hosts.push_back(h);
+    }
+    const bool one_host = hosts.size() == 1;
     if (t != nullptr) {
       TORCH_CHECK(one_host || t->ranks != collx::rank_kind::processes, "collx: COLLX_TORCH_TRANSPORT=", forced,
                   ", but the ranks are on more than one host");
       return std::string(t->name);
     }
+    // One host: shared memory. Several, one rank on each: tcp. Several with ranks that share
+    // one: shared memory among those, tcp between hosts (transport::two_level; automatic then
+    // weighs the node-aware collectives: docs/nodes.md).
+    if (two || (!one_host && int(hosts.size()) < size)) return "two_level";
     return one_host ? "shm" : "tcp";
   }
 
