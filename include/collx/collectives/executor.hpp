@@ -285,7 +285,7 @@ decltype(auto) with_nodes(communicator<T>& comm, F&& f) {
     else return nullptr;
   };
   if (const node_map* m = find(find, comm.transport())) return f(*m);
-  return f(node_map::of_sizes({comm.size()}));
+  return f(node_map::one_node(comm.size()));
 }
 
 /// f(within, between, nodes) where t is laid out on nodes with a transport for each level

@@ -52,6 +52,8 @@ struct node_map {
     }
     return m;
   }
+  /// One node of every one of n ranks (a transport that knows of no nodes).
+  static node_map one_node(int n) { return of_sizes(std::vector<int>(1, n)); }
   /// One node per group of `sizes[j]` ranks, numbered node by node (`round_robin`: rank r on
   /// the node r mod nodes among those with room, as launchers that deal ranks out do).
   static node_map of_sizes(const std::vector<int>& sizes, bool round_robin = false) {

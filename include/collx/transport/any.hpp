@@ -28,7 +28,7 @@ class any {
   template <class T>
     requires(!std::is_same_v<std::decay_t<T>, any> && std::is_same_v<typename std::decay_t<T>::memory_space, host_memory>)
   any(T&& t)  // NOLINT: implicit, so any{inproc{...}} and launch_threads<as_any> read naturally
-      : p_(std::make_unique<model<std::decay_t<T>>>(std::forward<T>(t))), flat_(node_map::of_sizes({p_->size()})) {}
+      : p_(std::make_unique<model<std::decay_t<T>>>(std::forward<T>(t))), flat_(node_map::one_node(p_->size())) {}
 
   int rank() const noexcept { return p_->rank(); }
   int size() const noexcept { return p_->size(); }
@@ -117,7 +117,7 @@ class any {
       else return {nullptr, nullptr};
     }
   };
-  explicit any(std::unique_ptr<iface> p) : p_(std::move(p)), flat_(node_map::of_sizes({p_->size()})) {}
+  explicit any(std::unique_ptr<iface> p) : p_(std::move(p)), flat_(node_map::one_node(p_->size())) {}
   std::unique_ptr<iface> p_;
   node_map flat_;  // nodes() of a transport that has no map
 };
