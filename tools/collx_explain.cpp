@@ -554,6 +554,17 @@ void print_summary(const config& cfg) {
     std::printf("   (COLLX_ALGO=%s is set: algo::automatic follows it where it applies)\n", std::getenv("COLLX_ALGO"));
 }
 
+/// "a,b,c" -> {"a", "b", "c"} ("" -> {""}).
+std::vector<std::string> comma_list(const std::string& v) {
+  std::vector<std::string> out;
+  for (std::size_t a = 0; a <= v.size();) {
+    const std::size_t e = std::min(v.find(',', a), v.size());
+    out.push_back(v.substr(a, e - a));
+    a = e + 1;
+  }
+  return out;
+}
+
 /// The bytes out of each node of two_level's schedule by its formula (nodes of any sizes), for
 /// the collectives that have one; -1 where it is not stated.
 double two_level_formula(coll c, double D, int M) {
@@ -845,15 +856,11 @@ int main(int argc, char** argv) {
       cfg.transport = t->name;
     } else if (arg == "--policy") {
       cfg.policy = value();
-      for (std::size_t a = 0; a <= cfg.policy.size();) {
-        const std::size_t e = std::min(cfg.policy.find(',', a), cfg.policy.size());
-        const std::string one = cfg.policy.substr(a, e - a);
+      for (const std::string& one : comma_list(cfg.policy))
         if (!model::parse_policy(one)) {
           std::fprintf(stderr, "collx-explain: unknown policy '%s'\n", one.c_str());
           return 2;
         }
-        a = e + 1;
-      }
     } else if (arg == "--alpha" || arg == "--beta" || arg == "--gamma" || arg == "--delta") {
       char* end = nullptr;
       const std::string v(value());
@@ -877,14 +884,11 @@ int main(int argc, char** argv) {
       cfg.csv_min = *lo;
       cfg.csv_max = *hi;
     } else if (arg == "--nodes") {
-      const std::string v(value());
       cfg.nodes.clear();
-      for (std::size_t a = 0; a <= v.size();) {
-        const std::size_t e = std::min(v.find(',', a), v.size());
-        const auto k = parse_size(std::string_view(v).substr(a, e - a));
+      for (const std::string& one : comma_list(std::string(value()))) {
+        const auto k = parse_size(one);
         if (!k || *k < 1 || *k > 1024) return usage(argv[0]);
         cfg.nodes.push_back(int(*k));
-        a = e + 1;
       }
       cfg.n = 0;
       for (int k : cfg.nodes) cfg.n += k;

@@ -51,28 +51,24 @@ constexpr bool two_level_supports(collective c, bool commutative) {
   }
 }
 
-/// Every rank's schedule of algo::two_level for pr over nm (empty where it has none).
+/// Every rank's schedule of algo::two_level for pr over nm (empty where it has none), each rank's
+/// problem as the one-level model builds it (algo/schedule_of.hpp).
 inline std::vector<schedule> two_level_schedules(const problem& pr, const node_map& nm) {
   std::vector<schedule> v;
   if (!two_level_supports(pr.coll, pr.commutative)) return v;
+  if (pr.count == 0) return std::vector<schedule>(std::size_t(pr.n));  // zero elements: nothing runs
   const algo::two_level a;
-  const int n = pr.n;
-  const std::size_t e = pr.elem, k = pr.count;
-  for (int r = 0; r < n; ++r) {
-    if (k == 0) {
-      v.emplace_back();
-      continue;
-    }
-    switch (pr.coll) {
-      case collective::all_reduce: v.push_back(a.all_reduce(algo::ar_problem{r, n, k, e, pr.commutative, buf::in}, nm)); break;
-      case collective::reduce_scatter:
-        v.push_back(a.reduce_scatter(algo::rs_problem{r, n, partition(k * std::size_t(n), n), buf::in, buf::none, e, pr.commutative}, nm));
-        break;
-      case collective::all_gather: v.push_back(a.all_gather(algo::ag_problem{r, n, partition(k * std::size_t(n), n), false, 0, e}, nm)); break;
-      case collective::broadcast: v.push_back(a.broadcast(algo::bcast_problem{r, n, pr.root, k, e}, nm)); break;
-      default: v.push_back(a.reduce(algo::reduce_problem{r, n, pr.root, k, e, pr.commutative}, nm)); break;
-    }
-  }
+  auto build = [&](const auto& q) -> schedule {
+    if constexpr (requires { a.all_reduce(q, nm); }) return a.all_reduce(q, nm);
+    else if constexpr (requires { a.reduce_scatter(q, nm); }) return a.reduce_scatter(q, nm);
+    else if constexpr (requires { a.all_gather(q, nm); }) return a.all_gather(q, nm);
+    else if constexpr (requires { a.broadcast(q, nm); }) return a.broadcast(q, nm);
+    else if constexpr (requires { a.reduce(q, nm); }) return a.reduce(q, nm);
+    else return schedule{};
+  };
+  algo::visit_collective(pr.coll, [&]<collective C>() {
+    for (int r = 0; r < pr.n; ++r) algo::schedule_of<C>::with_problem(r, pr.shape(), [&](const auto& q) { v.push_back(build(q)); });
+  });
   return v;
 }
 

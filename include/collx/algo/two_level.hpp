@@ -89,43 +89,34 @@ struct two_level {
     schedule s;
     const int me = p.rank, j = nm.node_of[std::size_t(me)], l = nm.local_of[std::size_t(me)];
     const std::vector<int>& node = nm.members[std::size_t(j)];
-    const int L = int(node.size()), S = nm.widest(), M = nm.nodes();
+    const int L = int(node.size()), M = nm.nodes();
     const region out{buf::out, 0, p.count};
     // 1. The node's sum by recursive doubling among its ranks (one step for two ranks; every
     //    rank of the node then holds the same bits).
     const schedule x = recursive_doubling{}.all_reduce(ar_problem{l, L, p.count, p.elem_size, p.commutative, p.src});
-    for (std::size_t i = 0; i < x.steps().size(); ++i) {
-      s.next_step();
-      append_step(s, x, i, node, placement{});
-    }
-    s.need_tmp(x.tmp_elems());
+    beside(s, {x}, {node}, {placement{}});
     // 2. Across the nodes: recursive doubling on each rail this rank is on (rail i: the local
     //    rank i mod L of each node, i < S), side by side.
     if (M > 1) {
       std::vector<schedule> rails;
       std::vector<std::vector<int>> ranks;
-      std::size_t steps = 0;
-      for (int i = 0; i < S; ++i) {
-        if (i % L != l) continue;
-        std::vector<int> rail = rail_of(nm, i);
-        rails.push_back(recursive_doubling{}.all_reduce(ar_problem{j, M, p.count, p.elem_size, p.commutative, buf::out}));
-        ranks.push_back(std::move(rail));
-        steps = std::max(steps, rails.back().steps().size());
-      }
+      std::vector<placement> where;
       // A rank on several rails (a node narrower than the widest) reduces into `out` on the
       // first; each other one runs on a copy of the node's sum in scratch, for its partners.
-      const std::size_t t = rails.front().tmp_elems() + p.count, t0 = x.tmp_elems();
-      s.need_tmp(t0 + rails.size() * t);
-      for (std::size_t i = 0; i < steps; ++i) {
-        s.next_step();
-        for (std::size_t m = 0; m < rails.size(); ++m) {
-          const std::size_t base = t0 + m * t;  // rail m's scratch: its copy (m > 0), then its RD's
-          if (i == 0 && m > 0) s.copy({buf::tmp, base, p.count}, out);
-          if (i < rails[m].steps().size())
-            append_step(s, rails[m], i, ranks[m],
-                        m > 0 ? placement{buf::in, buf::tmp, 0, base, base + p.count} : placement::shifted(0, base + p.count));
+      s.next_step();  // (the copies come after the node's sum, in the rails' first step)
+      std::size_t base = x.tmp_elems();
+      for (int i : rails_of(nm, me)) {
+        rails.push_back(recursive_doubling{}.all_reduce(ar_problem{j, M, p.count, p.elem_size, p.commutative, buf::out}));
+        ranks.push_back(rail_of(nm, i));
+        if (where.empty()) {
+          where.push_back(placement{});
+        } else {
+          s.copy({buf::tmp, base, p.count}, out);
+          where.push_back({buf::in, buf::tmp, 0, base, 0});
+          base += p.count;
         }
       }
+      beside(s, rails, ranks, where, base);  // (its next step is this one: a step of copies alone merges)
     }
     return s;
   }
@@ -163,24 +154,16 @@ struct two_level {
     if (M > 1) {
       std::vector<schedule> rails;
       std::vector<std::vector<int>> ranks;
-      std::vector<std::size_t> at;
+      std::vector<placement> where;
       for (int sh = 0; sh < S; ++sh) {
         if (!mine(sh) || shards.count(sh) == 0) continue;
-        std::vector<int> rail = rail_of(nm, sh);
         const ar_problem q{j, M, shards.count(sh), p.elem_size, p.commutative, buf::out};
         rails.push_back(shards.count(sh) * p.elem_size <= doubling_bytes ? recursive_doubling{}.all_reduce(q)
                                                                          : composed_segment(ring{}, q));
-        ranks.push_back(std::move(rail));
-        at.push_back(off + shards.offset(sh));
+        ranks.push_back(rail_of(nm, sh));
+        where.push_back(placement::shifted(off + shards.offset(sh)));
       }
-      std::size_t tmp = 0;  // each rail's scratch apart from the others'
-      std::vector<part> ps;
-      for (std::size_t m = 0; m < rails.size(); ++m) {
-        ps.push_back({&rails[m], &ranks[m], placement::shifted(at[m], tmp), 0});
-        tmp += rails[m].tmp_elems();
-      }
-      s.next_step();  // (the rails start after the node's step)
-      side_by_side(s, ps);
+      beside(s, rails, ranks, where);  // (after the node's step)
     }
 
     // 3. All-gather on the node.
@@ -308,14 +291,7 @@ struct two_level {
     const int L = int(node.size()), S = nm.widest(), M = nm.nodes();
     if (p.count * p.elem_size <= small_bytes) {
       const int c = l0 % L;  // this node's rank on the root's rail
-      if (l == c && M > 1) {
-        const schedule x = tree{}.broadcast(bcast_problem{j, M, j0, p.count, p.elem_size});
-        const std::vector<int> rail = rail_of(nm, l0);
-        for (std::size_t i = 0; i < x.steps().size(); ++i) {
-          s.next_step();
-          append_step(s, x, i, rail, placement{});
-        }
-      }
+      if (l == c && M > 1) beside(s, {tree{}.broadcast(bcast_problem{j, M, j0, p.count, p.elem_size})}, {rail_of(nm, l0)}, {placement{}});
       if (L > 1) {
         s.next_step();
         for (int q = 0; q < L; ++q)
@@ -338,15 +314,15 @@ struct two_level {
     // 2. Each shard across the nodes on its rail, from its carrier on the root's node.
     std::vector<schedule> xs;
     std::vector<std::vector<int>> ranks;
-    std::vector<std::size_t> at;
+    std::vector<placement> where;
     for (int sh = 0; sh < S && M > 1; ++sh) {
       if (sh % L != l || shards.count(sh) == 0) continue;
       const bcast_problem q{j, M, j0, shards.count(sh), p.elem_size};
       xs.push_back(shards.count(sh) * p.elem_size <= doubling_bytes ? tree{}.broadcast(q) : ring{}.broadcast(q));
       ranks.push_back(rail_of(nm, sh));
-      at.push_back(shards.offset(sh));
+      where.push_back(placement::shifted(shards.offset(sh)));
     }
-    beside(s, xs, ranks, at);
+    beside(s, xs, ranks, where);
     // 3. On each node: each rank's shards to the others (the root has them all already).
     if (L > 1) {
       s.next_step();
@@ -372,7 +348,6 @@ struct two_level {
     const int j0 = nm.node_of[std::size_t(p.root)], l0 = nm.local_of[std::size_t(p.root)];
     const std::vector<int>& node = nm.members[std::size_t(j)];
     const int L = int(node.size()), S = nm.widest(), M = nm.nodes();
-    const region out{buf::out, 0, p.count};
     if (p.count * p.elem_size <= small_bytes) {
       const int c = l0 % L;
       // The node's sum: in scratch at its rail member (its input itself where it is alone).
@@ -389,14 +364,8 @@ struct two_level {
           }
       }
       if (l == c) {
-        const schedule x = tree{}.reduce(reduce_problem{j, M, j0, p.count, p.elem_size, p.commutative});
-        const placement pl{acc.b, buf::out, 0, 0, L > 1 ? p.count : 0};
-        s.need_tmp(pl.tmp_at + x.tmp_elems());
-        const std::vector<int> rail = rail_of(nm, l0);
-        for (std::size_t i = 0; i < x.steps().size(); ++i) {
-          s.next_step();
-          append_step(s, x, i, rail, pl);
-        }
+        beside(s, {tree{}.reduce(reduce_problem{j, M, j0, p.count, p.elem_size, p.commutative})}, {rail_of(nm, l0)},
+               {placement{acc.b, buf::out}}, L > 1 ? p.count : 0);
       }
       return s;
     }
@@ -443,15 +412,8 @@ struct two_level {
                    relay ? res[std::size_t(sh)] : shards.offset(sh), 0};
       where.push_back(pl);
     }
-    std::vector<part> ps;
-    for (std::size_t m = 0; m < xs.size(); ++m) {
-      where[m].tmp_at = tmp;
-      tmp += xs[m].tmp_elems();
-      ps.push_back({&xs[m], &ranks[m], where[m], 0});
-    }
     s.need_tmp(tmp);
-    s.next_step();
-    side_by_side(s, ps);
+    beside(s, xs, ranks, where, tmp);
     // 3. On the root's node: each shard's total to the root.
     if (root_node && L > 1) {
       s.next_step();
@@ -461,7 +423,6 @@ struct two_level {
         if (me == p.root) s.recv(node[std::size_t(sh % L)], shard(buf::out, sh));
       }
     }
-    (void)out;
     return s;
   }
 
@@ -477,18 +438,6 @@ struct two_level {
   static int on_rail(const node_map& nm, int i, int m) {
     const auto& there = nm.members[std::size_t(m)];
     return i < int(there.size()) ? there[std::size_t(i)] : -1;
-  }
-  /// Schedules xs (each of its rail's ranks, over out from at[k] on) side by side after s.
-  static void beside(schedule& s, const std::vector<schedule>& xs, const std::vector<std::vector<int>>& ranks,
-                     const std::vector<std::size_t>& at) {
-    std::size_t tmp = 0;
-    std::vector<part> ps;
-    for (std::size_t m = 0; m < xs.size(); ++m) {
-      ps.push_back({&xs[m], &ranks[m], placement::shifted(at[m], tmp), 0});
-      tmp += xs[m].tmp_elems();
-    }
-    s.next_step();
-    side_by_side(s, ps);
   }
 
   /// Where a part's buffers lie here: its in and out regions in buffers `in` and `out` from
@@ -531,6 +480,20 @@ struct two_level {
         if (const int i = t - q.shift; i >= 0 && i < int(q.x->steps().size()))
           append_step(s, *q.x, std::size_t(i), *q.ranks, q.at);
     }
+  }
+
+  /// Schedules xs (xs[k] of ranks[k], its buffers where where[k] puts them) side by side, from
+  /// the next step of s on; their scratch one after another from `tmp` on.
+  static void beside(schedule& s, const std::vector<schedule>& xs, const std::vector<std::vector<int>>& ranks,
+                     std::vector<placement> where, std::size_t tmp = 0) {
+    std::vector<part> ps;
+    for (std::size_t m = 0; m < xs.size(); ++m) {
+      where[m].tmp_at = tmp;
+      tmp += xs[m].tmp_elems();
+      ps.push_back({&xs[m], &ranks[m], where[m], 0});
+    }
+    s.next_step();
+    side_by_side(s, ps);
   }
 
   /// Shard sh's rail: its owner on each node (the local rank sh mod L there), in node order.

@@ -34,6 +34,26 @@ struct join_options {
   std::string master_addr;
 };
 
+namespace detail {
+/// A job name every rank agrees on: rank 0 draws it (getrandom) and publishes it at `key`; the
+/// others wait for it no longer than `timeout`.
+inline std::string agree_job_name(transport::store& store, const std::string& key, int rank, std::chrono::nanoseconds timeout,
+                                  const char* who) {
+  if (rank == 0) store.set(key, "j" + transport::tcp_detail::rendezvous::random_token().substr(0, 16));
+  const auto job = store.get(key, transport::net::clock::now() + timeout);
+  if (!job)
+    throw error(errc::timeout, std::string(who) + ": rank " + std::to_string(rank) + " waited " + format_seconds(timeout) +
+                                   " for rank 0 to publish the job's name at '" + key + "' in " + store.where());
+  return *job;
+}
+/// shm's settings for a join: attaching waits no longer than the join may.
+inline transport::shm::config shm_join_config(const join_options& o) {
+  transport::shm::config cfg;
+  cfg.attach_timeout = std::min<std::chrono::nanoseconds>(cfg.attach_timeout, o.timeout);
+  return cfg;
+}
+}  // namespace detail
+
 /// Transport T joined through `store` (T: transport::shm or transport::tcp).
 template <class T>
 T join(const std::shared_ptr<transport::store>& store, int rank, int size, const join_options& o = {});
@@ -43,15 +63,8 @@ T join(const std::shared_ptr<transport::store>& store, int rank, int size, const
 template <>
 inline transport::shm join<transport::shm>(const std::shared_ptr<transport::store>& store, int rank, int size,
                                            const join_options& o) {
-  const std::string key = o.prefix + "/job";
-  if (rank == 0) store->set(key, "j" + transport::tcp_detail::rendezvous::random_token().substr(0, 16));  // (getrandom)
-  const auto job = store->get(key, transport::net::clock::now() + o.timeout);
-  if (!job)
-    throw error(errc::timeout, "join (shm): rank " + std::to_string(rank) + " waited " + detail::format_seconds(o.timeout) +
-                                   " for rank 0 to publish the job's name at '" + key + "' in " + store->where());
-  transport::shm::config cfg;
-  cfg.attach_timeout = std::min<std::chrono::nanoseconds>(cfg.attach_timeout, o.timeout);
-  return transport::shm(*job, rank, size, cfg);
+  const std::string job = detail::agree_job_name(*store, o.prefix + "/job", rank, o.timeout, "join (shm)");
+  return transport::shm(job, rank, size, detail::shm_join_config(o));
 }
 
 /// tcp: the ranks publish and read their addresses through the store (tcp's rendezvous).
@@ -72,15 +85,8 @@ template <>
 inline transport::two_level<transport::shm, transport::tcp> join<transport::two_level<transport::shm, transport::tcp>>(
     const std::shared_ptr<transport::store>& store, int rank, int size, const join_options& o) {
   transport::tcp out = join<transport::tcp>(store, rank, size, o);
-  const std::string key = o.prefix + "/nodes-job";
-  if (rank == 0) store->set(key, "j" + transport::tcp_detail::rendezvous::random_token().substr(0, 16));
-  const auto job = store->get(key, transport::net::clock::now() + o.timeout);
-  if (!job)
-    throw error(errc::timeout, "join (two_level): rank " + std::to_string(rank) + " waited " + detail::format_seconds(o.timeout) +
-                                   " for rank 0 to publish the job's name at '" + key + "' in " + store->where());
-  transport::shm::config cfg;
-  cfg.attach_timeout = std::min<std::chrono::nanoseconds>(cfg.attach_timeout, o.timeout);
-  return transport::two_level<transport::shm, transport::tcp>::connect(std::move(out), *job, cfg);
+  const std::string job = detail::agree_job_name(*store, o.prefix + "/nodes-job", rank, o.timeout, "join (two_level)");
+  return transport::two_level<transport::shm, transport::tcp>::connect(std::move(out), job, detail::shm_join_config(o));
 }
 
 /// The transport called `name` in the list of transports (core/transports.hpp), joined through
