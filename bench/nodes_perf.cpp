@@ -8,8 +8,13 @@
 //       instead of timing: every collective with two_level, automatic and ring at counts of every
 //       kind, checked against the reference (tests/CMakeLists.txt runs it on hosts as namespaces)
 //   collx-nodes-perf --from-env [...]
-//       one rank, started by a launcher (torchrun's, mpirun's or srun's variables: tcp::from_env),
-//       its node from COLLX_NODE or its host name (bench/netns_nodes.sh starts one per namespace)
+//       one rank, started by a launcher (torchrun's, mpirun's or srun's variables: tcp::from_env;
+//       under mpirun no MASTER_ADDR: tcp meets through its PMIx store), its node from COLLX_NODE
+//       or its host name (bench/netns_nodes.sh starts one per namespace)
+//   mpirun ... collx-nodes-perf --mpi --check
+//       (built where MPI is found) the same check over transport::mpi: flat on MPI_COMM_WORLD,
+//       then two_level<shm, mpi>, the nodes from the host names; then two_level<shm, tcp> from
+//       the launcher's variables, as --from-env (bench/netns_nodes.sh --mpirun)
 //
 // -c: all_reduce (the default), reduce_scatter, all_gather, broadcast or reduce (root 0); a size
 // is the whole buffer's (reduce_scatter's input, all_gather's output). A policy with no schedule
@@ -23,6 +28,9 @@
 #include <vector>
 
 #include <collx/collx.hpp>
+#if defined(COLLX_NODES_MPI)
+#include <collx/transport/mpi.hpp>
+#endif
 
 #include "cli.hpp"
 
@@ -33,7 +41,7 @@ namespace algo = collx::algo;
 
 struct flags {
   std::vector<int> nodes{2, 2};
-  bool round_robin = false, from_env = false, check = false;
+  bool round_robin = false, from_env = false, check = false, mpi = false;
   std::size_t min_bytes = 8, max_bytes = 64 << 20;
   int factor = 8, reps = 5;
   std::string coll = "all_reduce";
@@ -136,6 +144,12 @@ void run(Comm& comm, const flags& fl) {
 /// rank's input is small whole numbers in float, so every sum is exact. Returns the number of
 /// wrong results, summed over the ranks (rank 0 prints what was wrong and what ran).
 template <class Comm>
+std::string layout(Comm& comm) {
+  if constexpr (requires { comm.transport().nodes(); }) return comm.transport().nodes().describe();
+  else return std::string("one level (transport::") + std::remove_cvref_t<decltype(comm.transport())>::name + ")";
+}
+
+template <class Comm>
 int check(Comm& comm) {
   const int n = comm.size(), r = comm.rank(), root = n - 1;
   auto x = [](int q, std::size_t i) { return float((q + 1) * 3 + int(i % 7)); };
@@ -191,7 +205,7 @@ int check(Comm& comm) {
   if (r == 0)
     std::printf("collx-nodes-perf --check: %d ranks, %s: all_reduce, reduce_scatter, all_gather, broadcast and reduce with "
                 "two_level, automatic and ring at 6 counts: %s\n",
-                n, comm.transport().nodes().describe().c_str(), bad == 0 ? "every result equals the reference" : "WRONG RESULTS");
+                n, layout(comm).c_str(), bad == 0 ? "every result equals the reference" : "WRONG RESULTS");
   return bad;
 }
 
@@ -214,6 +228,7 @@ flags parse(int argc, char** argv) {
     } else if (a == "--round-robin") f.round_robin = true;
     else if (a == "--from-env") f.from_env = true;
     else if (a == "--check") f.check = true;
+    else if (a == "--mpi") f.mpi = true;
     else if (a == "-b") f.min_bytes = bench_cli::parse_size(a, value());
     else if (a == "-e") f.max_bytes = bench_cli::parse_size(a, value());
     else if (a == "-f") f.factor = int(bench_cli::parse_int(a, value(), 2, 1024));
@@ -224,7 +239,7 @@ flags parse(int argc, char** argv) {
         throw usage_error("-c " + f.coll + ": all_reduce, reduce_scatter, all_gather, broadcast or reduce");
     }
     else throw usage_error("unknown flag " + a +
-                           " (collx-nodes-perf [--nodes 2,2] [--round-robin] [--from-env [--check]] [-c all_reduce] [-b 8] [-e 64M] [-f 8] [--reps 5])");
+                           " (collx-nodes-perf [--nodes 2,2] [--round-robin] [--from-env [--check]] [--mpi --check] [-c all_reduce] [-b 8] [-e 64M] [-f 8] [--reps 5])");
   }
   return f;
 }
@@ -234,6 +249,27 @@ flags parse(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     const flags fl = parse(argc, argv);
+    if (fl.mpi) {
+#if defined(COLLX_NODES_MPI)
+      if (!fl.check) throw usage_error("--mpi runs the check only: give --check");
+      int bad = 0;
+      {
+        collx::communicator flat{collx::transport::mpi::world()};
+        bad += check(flat);
+      }
+      using two = collx::transport::two_level<collx::transport::shm, collx::transport::mpi>;
+      {
+        collx::communicator comm{two::connect(collx::transport::mpi::world(), collx::launch_info_from_env().job + ".mpi")};
+        bad += check(comm);
+      }
+      // and tcp across, from the launcher's variables (under mpirun: its PMIx store)
+      collx::communicator comm{collx::transport::two_level<collx::transport::shm, collx::transport::tcp>::from_env()};
+      bad += check(comm);
+      return bad == 0 ? 0 : 1;
+#else
+      throw usage_error("--mpi: this collx-nodes-perf was built without MPI");
+#endif
+    }
     if (fl.from_env) {
       collx::communicator comm{collx::transport::two_level<collx::transport::shm, collx::transport::tcp>::from_env()};
       if (fl.check) return check(comm) == 0 ? 0 : 1;

@@ -2,8 +2,9 @@
 // transport::tcp — ranks on any hosts, one TCP connection per pair of ranks.
 //
 // Three parts, each in its own file:
-//   tcp/rendezvous.hpp  how ranks find each other (a store at MASTER_ADDR:MASTER_PORT or a shared
-//                       directory), admit each other (the job's token) and connect;
+//   tcp/rendezvous.hpp  how ranks find each other (a store at MASTER_ADDR:MASTER_PORT, a shared
+//                       directory, or a PMIx launcher's: tcp/pmix_store.hpp, in programs built
+//                       with collx::pmix), admit each other (the job's token) and connect;
 //   tcp/stream.hpp      the data path: frames on each connection and the loop that moves a step's
 //                       sends and receives together, synchronous sends for point to point, faults;
 //   tcp/wire.hpp        what goes on the wire, and the parsers every byte read passes through;
@@ -11,6 +12,7 @@
 //                       found through the socket each rank keeps listening on.
 // Every socket is owned (net::fd) and closed on every path.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <span>
@@ -31,6 +33,9 @@
 #include "tcp/store.hpp"
 #include "tcp/stream.hpp"
 #include "tcp/wire.hpp"
+#if defined(COLLX_WITH_PMIX)
+#include "tcp/pmix_store.hpp"
+#endif
 
 namespace collx::transport {
 
@@ -141,14 +146,29 @@ class tcp {
     return t;
   }
 
-  /// Rank, size, job and MASTER_ADDR/MASTER_PORT from the launcher's environment (core/job_env.hpp).
+  /// Rank, size, job and the rendezvous from the launcher's environment (core/job_env.hpp):
+  /// MASTER_ADDR/MASTER_PORT, else COLLX_STORE_PATH, else the PMIx launcher's store (mpirun,
+  /// srun --mpi=pmix; programs built with collx::pmix: tcp/pmix_store.hpp).
   static tcp from_env(config cfg = {}) {
     const launch_info li = launch_info_from_env();
     if (cfg.master_addr.empty()) cfg.master_addr = li.master_addr;
     if (cfg.master_port == 0) cfg.master_port = li.master_port;
-    if (cfg.store_path.empty() && (cfg.master_addr.empty() || cfg.master_port == 0))
-      throw error(errc::invalid_argument, "tcp: found " + li.launcher + "'s rank and size but no rendezvous: set MASTER_ADDR and "
-                                          "MASTER_PORT (rank 0 serves the store there), or COLLX_STORE_PATH (a shared directory)");
+    if (cfg.store_path.empty() && !cfg.external_store && (cfg.master_addr.empty() || cfg.master_port == 0)) {
+      const bool pmix = std::getenv("PMIX_NAMESPACE") != nullptr && std::getenv("PMIX_RANK") != nullptr;
+#if defined(COLLX_WITH_PMIX)
+      if (pmix) {
+        cfg.external_store = std::make_shared<pmix_store>(li.rank);
+        cfg.master_addr = launcher_route_address();  // only picks the interface (tcp_config::external_store)
+        cfg.master_port = 0;
+        return tcp(li.job, li.rank, li.size, std::move(cfg));
+      }
+#endif
+      throw error(errc::invalid_argument,
+                  "tcp: found " + li.launcher + "'s rank and size but no rendezvous: set MASTER_ADDR and MASTER_PORT (rank 0 serves the "
+                  "store there), or COLLX_STORE_PATH (a shared directory)" +
+                      (pmix ? std::string(", or build the program with collx::pmix (its launcher serves PMIx, and this program has no PMIx)")
+                            : std::string()));
+    }
     return tcp(li.job, li.rank, li.size, std::move(cfg));
   }
 

@@ -1,8 +1,8 @@
 #pragma once
-// The reducing collectives for the torch backend, one element type per translation unit
-// (reduce_<type>.cpp): the backend dispatches a tensor's dtype and op here with raw pointers, so
-// these files include collx only (not torch) and build in parallel. The data-moving collectives
-// need no element type: backend.cpp runs them on bytes.
+// The reducing collectives for the torch backend, three element types per translation unit
+// (reduce_floating.cpp, reduce_narrow.cpp, reduce_integer.cpp): the backend dispatches a tensor's
+// dtype and op here with raw pointers, so these files include collx only (not torch) and build
+// in parallel. The data-moving collectives need no element type: backend.cpp runs them on bytes.
 #include <cstddef>
 #include <cstdint>
 #include <string>

@@ -140,6 +140,20 @@ class rendezvous {
     }
   }
 
+  /// A store the launcher keeps for the job's processes alone (PMIx): rank 0 draws the secret
+  /// and puts it there, the others read it from rank 0.
+  std::string launcher_secret(store& st, net::clock::time_point deadline) {
+    if (rank_ == 0) {
+      std::string secret = random_secret();
+      st.set(key("secret"), secret);
+      return secret;
+    }
+    auto t = st.get_from(0, key("secret"), deadline);
+    if (!t) throw error(errc::timeout, "tcp: rendezvous of job \"" + job_ + "\" timed out at rank " + std::to_string(rank_) +
+                                           ": rank 0 never put the job's secret in " + st.where() + " (is rank 0 running?)");
+    return *t;
+  }
+
   /// This host, so ranks can tell which of them share one (and its cores).
   static std::string host_id() {
     std::string id;
@@ -171,17 +185,19 @@ class rendezvous {
     std::optional<net::address> master;
     if (!cfg_.master_addr.empty() && cfg_.master_port != 0) master = net::resolve(cfg_.master_addr, cfg_.master_port);
     else if (cfg_.external_store && !cfg_.master_addr.empty()) master = net::resolve(cfg_.master_addr, 1);  // a route, not a store
-    const bool one_host = secret.empty() && (job_on_one_host(cfg_.master_addr) || (master && master->is_loopback()));
+    const bool launcher_kept = cfg_.external_store && cfg_.external_store->launcher_kept();
+    const bool one_host = secret.empty() && !launcher_kept && (job_on_one_host(cfg_.master_addr) || (master && master->is_loopback()));
     // (5) none (a job across hosts, no store directory): said once, by rank 0; an error where
     // the site asks for one.
-    if (secret.empty() && !one_host && cfg_.store_path.empty()) {
+    if (secret.empty() && !one_host && !launcher_kept && cfg_.store_path.empty()) {
       if (cfg_.tls) throw error(errc::invalid_argument, tls_needs_secret());
       if (secret_required()) throw error(errc::invalid_argument, no_secret_warning(job_) + " [rank " + std::to_string(rank_) + "]");
       if (rank_ == 0) std::fprintf(stderr, "collx %s\n", no_secret_warning(job_).c_str());
     }
     if (cfg_.external_store) {
       st = cfg_.external_store;
-      if (secret.empty() && one_host) secret = host_secret_published(*st, deadline);
+      if (secret.empty() && launcher_kept) secret = launcher_secret(*st, deadline);
+      else if (secret.empty() && one_host) secret = host_secret_published(*st, deadline);
     } else if (!cfg_.store_path.empty()) {
       auto fs = std::make_unique<file_store>(cfg_.store_path, deadline);
       // A crashed run of this job may have left its keys: rank 0 removes them before it
@@ -263,7 +279,7 @@ class rendezvous {
     if (rank_ == 0) {
       session_ = random_secret().substr(0, 16);
       st->set(key("session"), session_);
-    } else if (auto v = st->get(key("session"), deadline)) {
+    } else if (auto v = st->get_from(0, key("session"), deadline)) {
       session_ = *v;
     } else {
       throw error(errc::timeout, "tcp: rendezvous of job \"" + job_ + "\" timed out at rank " + std::to_string(rank_) +
@@ -292,11 +308,11 @@ class rendezvous {
     std::vector<net::address> addr(static_cast<std::size_t>(n_));
     std::vector<std::string> published(static_cast<std::size_t>(n_));
     auto fetch = [&](int q) {
-      auto v = st->get(key("addr/" + std::to_string(q)), deadline);
+      auto v = st->get_from(q, key("addr/" + std::to_string(q)), deadline);
       if (!v) {
         std::string missing;
         for (int x = 0; x < n_; ++x)
-          if (x != rank_ && !st->get(key("addr/" + std::to_string(x)), net::clock::now()))
+          if (x != rank_ && !st->get_from(x, key("addr/" + std::to_string(x)), net::clock::now()))
             missing += (missing.empty() ? "" : ", ") + std::to_string(x);
         throw error(errc::timeout, "tcp: rendezvous of job \"" + job_ + "\" timed out at rank " + std::to_string(rank_) +
                                        ": rank(s) " + missing + " never published an address in " + st->where() +
@@ -337,7 +353,11 @@ class rendezvous {
     crowded_ = on_host > std::max(1, CPU_COUNT(&host_cores));
 
     // Rank 0's store must outlive every rank's use of it: each counts itself done, and rank 0
-    // waits for all of them before its server goes.
+    // waits for all of them before its server goes. (A launcher's store ends with the job.)
+    if (st->launcher_kept()) {
+      size_buffers();
+      return;
+    }
     st->set(key("ready/" + std::to_string(rank_)), "1");
     // The last rank to finish removes the job's keys (a file store would hand them to a later
     // job of the same name).

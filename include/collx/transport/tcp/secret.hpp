@@ -5,7 +5,8 @@
 //      (launch_processes draws one before it forks);
 //   2. COLLX_JOB_TOKEN_FILE: a file only this user can read;
 //   3. a file store (COLLX_STORE_PATH) whose directory only this user can read: rank 0 draws one
-//      and writes it there (mode 0600);
+//      and writes it there (mode 0600); or the store a PMIx launcher keeps for the job's
+//      processes alone (tcp/pmix_store.hpp): rank 0 draws one and puts it there;
 //   4. every rank on one host (the launcher says so, or MASTER_ADDR is a loopback address): rank 0
 //      draws one and writes it into a file in this user's private directory (private_dir()),
 //      where the other ranks read it; another local user can read neither;

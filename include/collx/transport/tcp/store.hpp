@@ -36,6 +36,11 @@ class store {
   virtual void set(const std::string& key, const std::string& value) = 0;
   /// The value of `key`, waiting until some rank sets it; nullopt when `deadline` passes first.
   virtual std::optional<std::string> get(const std::string& key, net::clock::time_point deadline) = 0;
+  /// The value rank `setter` set at `key`: the same as get() where keys are the job's, not a
+  /// rank's (a PMIx launcher's store keeps each rank's keys apart: tcp/pmix_store.hpp).
+  virtual std::optional<std::string> get_from(int /*setter*/, const std::string& key, net::clock::time_point deadline) {
+    return get(key, deadline);
+  }
   /// Adds `delta` to the integer at `key` (0 when unset) and returns the new value.
   virtual std::int64_t add(const std::string& key, std::int64_t delta) = 0;
   /// Where the store is, for error messages.
@@ -43,6 +48,9 @@ class store {
   /// Removes every key that starts with `prefix` (a finished job's keys; stores that vanish
   /// with their job need not).
   virtual void erase_prefix(const std::string&) {}
+  /// Kept by the job's launcher for the job's processes alone (PMIx): it ends with the job, and
+  /// no other process reads it, so it may carry the job's secret (tcp/secret.hpp).
+  virtual bool launcher_kept() const { return false; }
 };
 
 // ---- the server's logic ------------------------------------------------------------------------
