@@ -554,6 +554,10 @@ void print_automatic_vs_best(const config& cfg, const sweep_info& si,
               std::getenv("COLLX_ALGO") ? " (COLLX_ALGO is set: it overrides the model)" : "");
   std::printf("# pick/best: the time of the model's pick in its own rows over the best; auto/best: the\n"
               "# automatic rows over the best (the same choice, plus run-to-run noise)\n");
+  const char* tune = std::getenv("COLLX_AUTOTUNE");
+  if (tune != nullptr && std::string_view(tune) == "1")
+    std::printf("# automatic learns from its calls here (COLLX_AUTOTUNE, algo/automatic.hpp): its rows ran the fastest\n"
+                "# of the model's closest candidates, tried in its first calls; 'model's pick' is the model's alone\n");
   std::printf("#a%10s  %-18s %10s  %-18s %10s %10s %10s  %s\n", "size", "best", "best(us)", "model's pick", "auto(us)",
               "pick/best", "auto/best", "");
   int within = 0, sizes = 0;

@@ -17,8 +17,9 @@
 # repetition), $REPS times, and prints one table per (collective, N): the median over repetitions
 # of time and busbw for each, and collx/baseline ratios (busbw: > 1 means collx is faster; time,
 # shown for sizes < 64 KiB where latency dominates: < 1 means collx is faster). For all_reduce the
-# table also has the best collx policy per size (lowest median time); where the baseline has several
-# algorithms (Gloo's all-reduce) its best one per size is the one compared.
+# table also has the best collx policy per size (lowest median time) and automatic's time over the
+# best policy's ('!' past 1.10); where the baseline has several algorithms (Gloo's all-reduce) its
+# best one per size is the one compared.
 #
 # Environment (defaults in brackets):
 #   BASELINE [mpi]  mpi or gloo.
@@ -93,11 +94,11 @@ if [[ ! -x $base || $src -nt $base || $here/baseline.hpp -nt $base ]]; then
   if [[ $g ]]; then
     [[ -f /usr/include/gloo/allreduce_ring.h ]] || { echo "compare.sh: Gloo not found (Debian: libgloo-dev)" >&2; exit 2; }
     echo "compare.sh: building $base (g++ -O3 -lgloo)" >&2
-    g++ -std=c++20 -O3 -o "$base" "$src" -lgloo -pthread
+    g++ -std=c++20 -O3 -I"$root/include" -o "$base" "$src" -lgloo -pthread
   else
     command -v mpicxx >/dev/null || { echo "compare.sh: mpicxx not found (Debian: libopenmpi-dev)" >&2; exit 2; }
     echo "compare.sh: building $base (mpicxx -O3)" >&2
-    mpicxx -std=c++20 -O3 -o "$base" "$src"
+    mpicxx -std=c++20 -O3 -I"$root/include" -o "$base" "$src"
   fi
 fi
 [[ $g ]] || command -v mpirun >/dev/null || { echo "compare.sh: mpirun not found (Debian: openmpi-bin)" >&2; exit 2; }
@@ -263,6 +264,7 @@ table() {
       if (nb > 1) hdr[++nc] = BL " algo"
       hdr[++nc] = BL " t(us)"; hdr[++nc] = BL " busbw"; hdr[++nc] = "busbw collx/" BL
       if (best) hdr[++nc] = "busbw best/" BL
+      if (best) hdr[++nc] = "automatic/best policy"
       hdr[++nc] = "time collx/" BL
       for (r = 1; r <= ns; ++r) {
         s = sizes[r]; c = 0
@@ -276,6 +278,7 @@ table() {
         if (best) {
           bn = ""; bt = ""
           for (p in pol) { v = median(T[p SUBSEP s]); if (v != "" && (bt == "" || v < bt)) { bt = v; bn = p } }
+          bp = bt  # the best of the policies, automatic aside
           if (at != "" && (bt == "" || at <= bt)) { bt = at; bn = "automatic" }
           cell[r, ++c] = (bn == "" ? "-" : bn) (W[bn SUBSEP s] ? "!" : "")
           cell[r, ++c] = fbw(bw(s, bt))
@@ -285,6 +288,7 @@ table() {
         cell[r, ++c] = fbw(mb)
         cell[r, ++c] = s > 0 ? ratio(mt, at) : "-"
         if (best) cell[r, ++c] = s > 0 ? ratio(mt, bt) : "-"
+        if (best) cell[r, ++c] = ratio(at, bp) ((at != "" && bp != "" && at > 1.1 * bp) ? " !" : "")
         cell[r, ++c] = (s < 65536) ? ratio(at, mt) : ""
       }
       if (fmt == "md") {

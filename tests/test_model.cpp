@@ -271,6 +271,10 @@ struct scoped_env {
     if (const char* o = std::getenv(n)) old = o;
     setenv(n, v.c_str(), 1);
   }
+  scoped_env(const char* n, std::nullptr_t) : name(n) {  // unset for the scope
+    if (const char* o = std::getenv(n)) old = o;
+    unsetenv(n);
+  }
   ~scoped_env() {
     if (old) setenv(name.c_str(), old->c_str(), 1);
     else unsetenv(name.c_str());
@@ -450,6 +454,148 @@ TEST_CASE("automatic: every rank takes rank 0's parameters", "[model][automatic]
   });
   CHECK(agreed == 5);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("COLLX_AUTOTUNE: the fastest of the model's closest candidates wins, unless the model's pick is within 3%", "[model][automatic]") {
+  const std::vector<double> t{2.0, 1.0, 1.5};
+  CHECK(algo::settle(t, 2) == 1);  // 1.0 beats the model's 1.5
+  CHECK(algo::settle(std::vector<double>{1.0, 1.02, 3.0}, 1) == 1);  // within 3%: the model's
+  CHECK(algo::settle(std::vector<double>{1.0, 1.04, 3.0}, 1) == 0);
+  CHECK(algo::settle(std::vector<double>{5.0, 4.0}, 1) == 1);
+  CHECK(algo::settle(std::vector<double>{1.0, 1.0, 1.0}, 0) == 0);
+}
+
+TEST_CASE("COLLX_AUTOTUNE: a new shape's first calls take turns among the model's closest candidates, then every rank keeps one", "[model][automatic]") {
+  const scoped_env on("COLLX_AUTOTUNE", "1");
+  for (int n : {2, 3, 5}) {
+    CAPTURE(n);
+    constexpr int calls = 24;
+    std::vector<std::string> ran(static_cast<std::size_t>(n)), planned(static_cast<std::size_t>(n));
+    std::atomic<int> wrong{0}, tuned{0};
+    for (std::size_t count : {std::size_t(1000), std::size_t(70001)}) {
+      CAPTURE(count);
+      collx::launch_threads(n, [&](auto& comm) {
+        const int r = comm.rank();
+        std::vector<float> v(count);
+        for (int c = 0; c < calls; ++c) {
+          for (std::size_t i = 0; i < count; ++i) v[i] = float(r + 1 + int(i % 7) + c);
+          collx::all_reduce(comm, std::span{v}, collx::ops::sum{});
+          for (std::size_t i = 0; i < count; ++i)
+            if (v[i] != float(n * (n + 1) / 2 + n * (int(i % 7) + c))) {
+              ++wrong;
+              break;
+            }
+        }
+        const auto& st = comm.automatic();
+        if (st.tune) ++tuned;
+        // The trial this shape was given, from the parameters every rank agreed on.
+        const model::params p{st.n.alpha, st.n.beta, st.n.gamma, {}, st.n.cores, st.n.ranks, st.n.delta, st.n.curve, st.n.fit};
+        const model::problem pr{collective::all_reduce, n, count, sizeof(float), 0, true};
+        std::decay_t<decltype(st.trials.begin()->second)> tr;
+        std::string& plan = planned[std::size_t(r)];
+        plan.clear();
+        if (collx::detail::plan_trial(model::evaluate(pr, p), model::best(pr, p), tr)) {
+          plan += std::string(model::name(model::best(pr, p))) + " ";  // the first call: the model's, untimed
+          for (int i = 0; i < tr.k; ++i)
+            for (int k = 0; k < tr.reps; ++k) plan += std::string(model::name(algo::choice(tr.cand[std::size_t(i)]))) + " ";
+        }
+        std::string& mine = ran[std::size_t(r)];
+        mine.clear();
+        for (const auto& rec : collx::flight::records(comm))
+          if (std::string(rec.sig.collective) == "all_reduce" && rec.sig.count == count) mine += std::string(rec.sig.policy) + " ";
+      });
+      CHECK(wrong == 0);
+      // Every rank ran the same policy at every call: the trial's turns, then one of its candidates.
+      for (int r = 1; r < n; ++r) CHECK(ran[std::size_t(r)] == ran[0]);
+      const std::string& plan = planned[0];
+      if (plan.empty()) continue;  // the model had one candidate worth trying: no trial
+      REQUIRE(ran[0].rfind(plan, 0) == 0);
+      const std::string after = ran[0].substr(plan.size());
+      REQUIRE_FALSE(after.empty());
+      const std::string kept = after.substr(0, after.find(' '));
+      CHECK(plan.find(kept + " ") != std::string::npos);
+      std::string all_kept;
+      for (std::size_t at = 0; at < after.size(); at += kept.size() + 1) all_kept += kept + " ";
+      CHECK(after == all_kept);
+    }
+    CHECK(tuned == 2 * n);
+  }
+}
+
+TEST_CASE("COLLX_AUTOTUNE: off unless 1, with or without a calibration, and anything but 0 or 1 is an error", "[model][automatic]") {
+  const std::string dir = temp_dir();
+  const scoped_env xdg("XDG_CACHE_HOME", dir);
+  auto tunes = [](int n) {
+    std::atomic<int> on{0};
+    collx::launch_threads(n, [&](auto& comm) {
+      std::vector<double> v(10, 1.0);
+      collx::all_reduce(comm, std::span{v}, collx::ops::sum{});
+      if (comm.automatic().tune) ++on;
+    });
+    return on.load();
+  };
+  {
+    const scoped_env unset("COLLX_AUTOTUNE", nullptr);
+    CHECK(tunes(3) == 0);  // shipped defaults: the model alone
+  }
+  {
+    const scoped_env forced("COLLX_AUTOTUNE", "1");
+    CHECK(tunes(3) == 3);
+    REQUIRE(model::write_calibration(model::calibration_file("inproc", 3), "inproc", {3e-6, 4e-10, 5e-11, {}}, 2) == "");
+    CHECK(tunes(3) == 3);  // and over this machine's calibration
+  }
+  {
+    const scoped_env off("COLLX_AUTOTUNE", "0");
+    CHECK(tunes(2) == 0);
+  }
+  {
+    const scoped_env bad("COLLX_AUTOTUNE", "yes");
+    std::atomic<int> refused{0};
+    collx::launch_threads(3, [&](auto& comm) {
+      std::vector<double> v(10, 1.0);
+      try {
+        collx::all_reduce(comm, std::span{v}, collx::ops::sum{});
+      } catch (const collx::error& x) {
+        if (x.code() == collx::errc::invalid_argument && std::string(x.what()).find("COLLX_AUTOTUNE") != std::string::npos) ++refused;
+      }
+    });
+    CHECK(refused == 3);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("COLLX_AUTOTUNE over shm: processes take the same turns and the same verdict at every size", "[model][automatic]") {
+  const scoped_env on("COLLX_AUTOTUNE", "1");
+  for (int n : {3, 4}) {
+    collx::launch_processes(n, [n](auto& comm) {
+      const int r = comm.rank();
+      for (std::size_t count : {std::size_t(1), std::size_t(n + 1), std::size_t(4099), std::size_t(262147), std::size_t(1 << 21)}) {
+        std::vector<float> v(count), out(count / std::size_t(n));
+        for (int c = 0; c < 12; ++c) {
+          for (std::size_t i = 0; i < count; ++i) v[i] = float(r + int(i % 3));
+          collx::all_reduce(comm, std::span{v}, collx::ops::sum{});
+          if (v[count - 1] != float(n * (n - 1) / 2 + n * int((count - 1) % 3))) throw std::runtime_error("wrong all_reduce");
+          for (std::size_t i = 0; i < count; ++i) v[i] = float(r);
+          collx::reduce_scatter(comm, std::span<const float>{v.data(), out.size() * std::size_t(n)}, std::span{out}, collx::ops::sum{});
+          for (float x : out)
+            if (x != float(n * (n - 1) / 2)) throw std::runtime_error("wrong reduce_scatter");
+          if (r == 0) std::fill(v.begin(), v.end(), float(c));
+          collx::broadcast(comm, std::span{v}, 0);
+          if (v[count / 2] != float(c)) throw std::runtime_error("wrong broadcast");
+          // a nonblocking call (run by the progress thread) and a fused batch take their turns too
+          std::vector<double> a(count, double(r)), b(7, 1.0);
+          auto w = collx::async::all_reduce(comm, std::span{a}, collx::ops::max{});
+          w.wait();
+          if (a[0] != double(n - 1)) throw std::runtime_error("wrong nonblocking all_reduce");
+          collx::fused f(comm);
+          f.all_reduce(std::span{a}, collx::ops::sum{}).all_reduce(std::span{b}, collx::ops::sum{});
+          f.run();
+          if (a[count - 1] != double(n * (n - 1)) || b[6] != double(n)) throw std::runtime_error("wrong fused all_reduce");
+        }
+      }
+      if (!comm.automatic().tune) throw std::runtime_error("not learning");
+    });
+  }
 }
 
 namespace {

@@ -1,14 +1,18 @@
 #pragma once
 // What every collective shares: argument checks, the compile-time checks of its policy and op,
 // and the resolution of algo::automatic to a concrete policy.
+#include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <span>
 #include <string_view>
 #include <string>
+#include <tuple>
 #include <type_traits>
+#include <vector>
 
 #include "../algo/automatic.hpp"
 #include "../algo/policies.hpp"
@@ -120,6 +124,7 @@ void automatic_setup(communicator<T>& comm) {
     bool levels;
     std::int8_t per[algo::kCollectives];
     std::int8_t all;
+    bool tune;
     char source[256];
   } b{};
   static_assert(std::is_trivially_copyable_v<blob>);
@@ -134,8 +139,10 @@ void automatic_setup(communicator<T>& comm) {
   };
   try {
     o = parse_algo_override(env_string("COLLX_ALGO"));
+    const long long tune = env_int("COLLX_AUTOTUNE", 0ll, 1ll, 0ll);
     if (comm.rank() == 0) {
       p = model::params_for(transport_kind(comm.transport()), comm.size());
+      b.tune = tune == 1;
       // Laid out on nodes: each level's, from its own transport (algo/nodes_model.hpp).
       with_levels(comm.transport(), [&](const char* within, const char* between, const node_map& nm) {
         pn = model::params_for(within, nm.widest());
@@ -168,7 +175,66 @@ void automatic_setup(communicator<T>& comm) {
   std::copy(std::begin(b.per), std::end(b.per), st.forced.begin());
   st.forced_all = b.all;
   st.source = std::string(b.source, strnlen(b.source, sizeof b.source));
+  st.tune = b.tune && !b.levels;  // (laid out on nodes: the two-level model alone, as yet)
   st.ready = true;
+}
+
+/// COLLX_AUTOTUNE: a new shape's trial, or none when the model has one candidate worth trying
+/// (algo/automatic.hpp). `v`: every candidate with its predicted time.
+template <class Trial>
+bool plan_trial(std::vector<model::candidate> v, algo::choice pick, Trial& tr) {
+  std::sort(v.begin(), v.end(), [](const model::candidate& a, const model::candidate& b) { return a.seconds < b.seconds; });
+  double best = 0;
+  for (const model::candidate& x : v)
+    if (x.policy == pick) best = x.seconds;
+  const int most = best > 5e-3 ? 2 : int(tr.cand.size());
+  // the model's pick and its closest rivals, the pick tried last
+  std::vector<algo::choice> c{pick};
+  for (const model::candidate& x : v)
+    if (x.policy != pick && int(c.size()) < most && x.seconds <= 2.5 * best) c.push_back(x.policy);
+  if (c.size() < 2) return false;
+  tr.k = std::int8_t(c.size());
+  for (int i = 0; i < tr.k; ++i) tr.cand[std::size_t(i)] = std::int8_t(c[std::size_t(tr.k - 1 - i)]);
+  tr.model = std::int8_t(tr.k - 1);
+  tr.reps = std::int8_t(best < 20e-6 ? 4 : best < 200e-6 ? 2 : 1);
+  tr.predicted = best;
+  tr.done = -1;  // the first call runs the model's pick, untimed: it pays what a first call pays
+  return true;
+}
+
+/// COLLX_AUTOTUNE: every candidate of a shape has been timed; the ranks pool their timings (a
+/// gather to rank 0 and a broadcast of the table, bytes only) and take the same verdict.
+template <class T, class Trial>
+algo::choice settle_trial(communicator<T>& comm, const model::problem& pr, const Trial& tr) {
+  const int n = comm.size(), k = tr.k;
+  const std::size_t row = sizeof(double) * std::size_t(k);
+  std::vector<double> table(std::size_t(n) * std::size_t(k));
+  std::copy_n(tr.fastest.begin(), k, table.begin() + std::ptrdiff_t(comm.rank()) * k);
+  auto call = make_call<std::byte, no_op>(comm, "automatic", "tree", table.size() * sizeof(double), 0);
+  schedule s;
+  const int t = algo::binomial::gather(s, 0, comm.rank(), n, 0, partition(std::size_t(n) * row, n), buf::out);
+  algo::binomial::broadcast(s, t, comm.rank(), n, 0, {buf::out, 0, std::size_t(n) * row});
+  on_transport_memory(comm, reinterpret_cast<std::byte*>(table.data()), table.size() * sizeof(double),
+                      [&](std::byte* p) { execute(comm, call, s, static_cast<const std::byte*>(p), p, no_op{}); });
+  std::array<double, std::tuple_size_v<decltype(tr.fastest)>> slowest{};
+  for (int r = 0; r < n; ++r)
+    for (int i = 0; i < k; ++i) slowest[std::size_t(i)] = std::max(slowest[std::size_t(i)], table[std::size_t(r * k + i)]);
+  const int won = algo::settle(std::span<const double>(slowest.data(), std::size_t(k)), tr.model);
+  const algo::choice pick = algo::choice(tr.cand[std::size_t(won)]);
+  if (comm.debug().on(debug_level::info)) {
+    std::string m = "algo::automatic: " + std::string(model::name(pr.coll)) + " of " + std::to_string(pr.count) + " x " +
+                    std::to_string(pr.elem) + " B over " + std::to_string(n) + " ranks" +
+                    (comm.identity().is_job() ? std::string() : " on " + comm.identity().name) + ", tried";
+    char b[96];
+    for (int i = 0; i < k; ++i) {
+      std::snprintf(b, sizeof b, "%s %s %.2f us", i ? "," : "", model::name(algo::choice(tr.cand[std::size_t(i)])), slowest[std::size_t(i)] * 1e6);
+      m += b;
+    }
+    std::snprintf(b, sizeof b, " (the slowest rank's fastest call of %d): %s; the model said %s, %.2f us", int(tr.reps),
+                  model::name(pick), model::name(algo::choice(tr.cand[std::size_t(tr.model)])), tr.predicted * 1e6);
+    comm.debug().write(debug_level::info, m + b);
+  }
+  return pick;
 }
 
 /// COLLX_DEBUG=INFO: automatic's choice for a new shape, its predicted time and the runner-up's.
@@ -200,9 +266,12 @@ inline constexpr algo::choice two_level_choice = algo::choice(algo::policies::si
 
 /// The policy automatic runs for this call: COLLX_ALGO's, or the model's least predicted time.
 /// `count` is the collective's count argument (model::problem).
+/// `trying`: set when this call is one of a shape's trials (COLLX_AUTOTUNE), which the caller
+/// times (with_policy).
 template <class T>
 algo::choice automatic_choice(communicator<T>& comm, algo::collective c, std::size_t count, std::size_t elem,
-                              bool commutative, const call_info& call) {
+                              bool commutative, const call_info& call,
+                              typename communicator<T>::automatic_state::trial** trying = nullptr) {
   if (c == algo::collective::all_to_all) return algo::choice_of<algo::pairwise>;
   const int n = comm.size();
   if (n == 1) return commutative ? algo::choice_of<algo::ring> : algo::choice_of<algo::recursive_halving>;  // local copies only
@@ -245,6 +314,30 @@ algo::choice automatic_choice(communicator<T>& comm, algo::collective c, std::si
       return false;
     }
   }();
+  if (!on_nodes && st.tune && trying != nullptr) {
+    // Learning from the calls: this shape's trial, begun now or going on; once every candidate
+    // has been timed, the verdict (the same on every rank) is its decision.
+    auto it = st.trials.find(key);
+    if (it == st.trials.end()) {
+      typename communicator<T>::automatic_state::trial tr;
+      if (st.trials.size() >= st.kMaxDecisions) st.trials.clear();
+      if (plan_trial(model::evaluate(pr, p), model::best(pr, p), tr)) it = st.trials.emplace(key, tr).first;
+    }
+    if (it != st.trials.end()) {
+      auto& tr = it->second;
+      if (tr.done < tr.k * tr.reps) {
+        *trying = &tr;
+        return algo::choice(tr.cand[std::size_t(tr.done < 0 ? tr.model : tr.done / tr.reps)]);
+      }
+      best = settle_trial(comm, pr, tr);
+      st.trials.erase(it);
+      if (st.decisions.size() >= st.kMaxDecisions) st.decisions.clear();
+      st.decisions.emplace(key, std::int8_t(best));
+      st.last_shape = key;
+      st.last_choice = std::int8_t(best);
+      return best;
+    }
+  }
   if (!on_nodes) best = model::best(pr, p);
   if (st.decisions.size() >= st.kMaxDecisions) st.decisions.clear();
   st.decisions.emplace(key, std::int8_t(best));
@@ -262,15 +355,25 @@ void with_policy(const Algo& a, communicator<T>& comm, std::size_t count, call_i
   if (skip_if_empty(comm, call)) return;
   if constexpr (std::is_same_v<Algo, algo::automatic>) {
     constexpr bool commutative = is_commutative_v<Op>;
+    typename communicator<T>::automatic_state::trial* trying = nullptr;  // a trial's call: timed
     auto run = [&](const auto& pol) {
       set_name(call.sig.policy, std::decay_t<decltype(pol)>::name);
       if (call.rec != nullptr) call.rec->policy = std::decay_t<decltype(pol)>::name;  // the record says what ran
+      if (trying == nullptr) return f(pol);
+      const auto t0 = std::chrono::steady_clock::now();
       f(pol);
+      const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      auto& tr = *trying;
+      if (tr.done >= 0) {  // (the first call is not timed)
+        double& fastest = tr.fastest[std::size_t(tr.done / tr.reps)];
+        fastest = tr.done % tr.reps == 0 ? took : std::min(fastest, took);
+      }
+      ++tr.done;
     };
     // The chosen policy, among those of algo::policies that have a schedule for C and this op
     // (the model only chooses among those; recursive_halving serves every collective else), or,
     // on a communicator laid out on several nodes, two_level (algo/nodes_model.hpp).
-    const algo::choice ch = automatic_choice(comm, C, count, sizeof(E), commutative, call);
+    const algo::choice ch = automatic_choice(comm, C, count, sizeof(E), commutative, call, &trying);
     if constexpr (requires { comm.transport().nodes(); }) {
       if constexpr (model::two_level_supports(C, commutative)) {
         if (ch == two_level_choice) {

@@ -179,6 +179,22 @@ class communicator {
     /// The last decision, looked at before the map: a loop of one shape hashes nothing.
     std::array<std::uint64_t, 4> last_shape{};
     std::int8_t last_choice = -1;
+    /// Learning from the calls (COLLX_AUTOTUNE=1, algo/automatic.hpp): the first calls of a new
+    /// shape run the model's closest candidates in turn, timed; then the ranks agree on the
+    /// fastest. Rank 0's setting counts (the setup's broadcast), so every rank does alike.
+    bool tune = false;
+    static constexpr int kMaxTried = 3;
+    struct trial {
+      std::array<std::int8_t, kMaxTried> cand{};  // the policies tried, in turn: the model's pick last
+      std::int8_t k = 0;                          // how many
+      std::int8_t reps = 1;                       // calls each
+      std::int16_t done = -1;                     // calls timed so far (-1: the first, untimed, to come)
+      std::int8_t model = 0;                      // the model's pick's place in cand
+      std::array<double, kMaxTried> fastest{};    // this rank's fastest call of each, in seconds
+      double predicted = 0;                       // the model's time for its pick
+    };
+    /// The shapes still being tried; a settled one goes to `decisions`.
+    std::unordered_map<std::array<std::uint64_t, 4>, trial, shape_hash> trials;
   };
   automatic_state& automatic() noexcept { return s_->auto_; }
 

@@ -29,6 +29,9 @@ inline constexpr variable variables[] = {
      "the longest a whole call may wait, from its first wait on, however its data trickles in (options::call_timeout); default none"},
     {"COLLX_ALGO", "policy, or collective=policy,...",
      "overrides algo::automatic's choice: `ring`, or `all_reduce=tree,all_gather=ring` (algo/automatic.hpp)"},
+    {"COLLX_AUTOTUNE", "0 or 1",
+     "1: algo::automatic learns from its calls: a new shape's first calls try the model's closest candidates, timed, and the "
+     "ranks keep the fastest (algo/automatic.hpp); default 0 (the model alone)"},
     {"COLLX_RANK", "integer", "this process's rank (with COLLX_WORLD_SIZE; wins over the launchers' variables)"},
     {"COLLX_WORLD_SIZE", "integer", "the job's rank count"},
     {"COLLX_LOCAL_RANK", "integer", "the rank among the job's ranks on this host; default COLLX_RANK"},
