@@ -225,12 +225,12 @@ algo::choice settle_trial(communicator<T>& comm, const model::problem& pr, const
     std::string m = "algo::automatic: " + std::string(model::name(pr.coll)) + " of " + std::to_string(pr.count) + " x " +
                     std::to_string(pr.elem) + " B over " + std::to_string(n) + " ranks" +
                     (comm.identity().is_job() ? std::string() : " on " + comm.identity().name) + ", tried";
-    char b[96];
+    char b[192];
     for (int i = 0; i < k; ++i) {
       std::snprintf(b, sizeof b, "%s %s %.2f us", i ? "," : "", model::name(algo::choice(tr.cand[std::size_t(i)])), slowest[std::size_t(i)] * 1e6);
       m += b;
     }
-    std::snprintf(b, sizeof b, " (the slowest rank's fastest call of %d): %s; the model said %s, %.2f us", int(tr.reps),
+    std::snprintf(b, sizeof b, " (the slowest rank's fastest of %d calls): %s; the model said %s, %.2f us", int(tr.reps),
                   model::name(pick), model::name(algo::choice(tr.cand[std::size_t(tr.model)])), tr.predicted * 1e6);
     comm.debug().write(debug_level::info, m + b);
   }
