@@ -1,5 +1,6 @@
 #pragma once
-// The definitions behind reduce.hpp; each reduce_<type>.cpp instantiates them for its type.
+// The definitions behind reduce.hpp; reduce_floating.cpp, reduce_narrow.cpp and
+// reduce_integer.cpp instantiate them, three element types each.
 #include <stdexcept>
 #include <type_traits>
 
