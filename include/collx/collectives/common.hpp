@@ -113,6 +113,14 @@ inline algo_override parse_algo_override(std::string_view v) {
   return o;
 }
 
+/// automatic's own traffic (its setup's broadcast, a trial's pooled timings): schedule `s` run
+/// over `bytes` of host memory at `p`, a call of its own named "automatic".
+template <class T>
+void automatic_exchange(communicator<T>& comm, const schedule& s, std::byte* p, std::size_t bytes) {
+  auto call = make_call<std::byte, no_op>(comm, "automatic", "tree", bytes, 0);
+  on_transport_memory(comm, p, bytes, [&](std::byte* q) { execute(comm, call, s, static_cast<const std::byte*>(q), q, no_op{}); });
+}
+
 /// algo::automatic's first call on a communicator: reads this rank's COLLX_ALGO (an error here
 /// if misspelt) and its parameters, then takes rank 0's, so every rank decides alike.
 template <class T>
@@ -162,11 +170,9 @@ void automatic_setup(communicator<T>& comm) {
   b.all = o.all;
   std::snprintf(b.source, sizeof b.source, "%s", p.source.c_str());
   if (comm.size() > 1) {
-    auto call = make_call<std::byte, no_op>(comm, "automatic", "tree", sizeof b, 0);
     schedule s;
     algo::binomial::broadcast(s, 0, comm.rank(), comm.size(), 0, {buf::out, 0, sizeof b});
-    on_transport_memory(comm, reinterpret_cast<std::byte*>(&b), sizeof b,
-                        [&](std::byte* p) { execute(comm, call, s, static_cast<const std::byte*>(p), p, no_op{}); });
+    automatic_exchange(comm, s, reinterpret_cast<std::byte*>(&b), sizeof b);
   }
   st.n = b.n;
   st.node = b.node;
@@ -210,12 +216,10 @@ algo::choice settle_trial(communicator<T>& comm, const model::problem& pr, const
   const std::size_t row = sizeof(double) * std::size_t(k);
   std::vector<double> table(std::size_t(n) * std::size_t(k));
   std::copy_n(tr.fastest.begin(), k, table.begin() + std::ptrdiff_t(comm.rank()) * k);
-  auto call = make_call<std::byte, no_op>(comm, "automatic", "tree", table.size() * sizeof(double), 0);
   schedule s;
   const int t = algo::binomial::gather(s, 0, comm.rank(), n, 0, partition(std::size_t(n) * row, n), buf::out);
   algo::binomial::broadcast(s, t, comm.rank(), n, 0, {buf::out, 0, std::size_t(n) * row});
-  on_transport_memory(comm, reinterpret_cast<std::byte*>(table.data()), table.size() * sizeof(double),
-                      [&](std::byte* p) { execute(comm, call, s, static_cast<const std::byte*>(p), p, no_op{}); });
+  automatic_exchange(comm, s, reinterpret_cast<std::byte*>(table.data()), table.size() * sizeof(double));
   std::array<double, std::tuple_size_v<decltype(tr.fastest)>> slowest{};
   for (int r = 0; r < n; ++r)
     for (int i = 0; i < k; ++i) slowest[std::size_t(i)] = std::max(slowest[std::size_t(i)], table[std::size_t(r * k + i)]);
@@ -314,6 +318,7 @@ algo::choice automatic_choice(communicator<T>& comm, algo::collective c, std::si
       return false;
     }
   }();
+  bool settled = false;  // by a trial's verdict (COLLX_AUTOTUNE), not the model alone
   if (!on_nodes && st.tune && trying != nullptr) {
     // Learning from the calls: this shape's trial, begun now or going on; once every candidate
     // has been timed, the verdict (the same on every rank) is its decision.
@@ -331,19 +336,15 @@ algo::choice automatic_choice(communicator<T>& comm, algo::collective c, std::si
       }
       best = settle_trial(comm, pr, tr);
       st.trials.erase(it);
-      if (st.decisions.size() >= st.kMaxDecisions) st.decisions.clear();
-      st.decisions.emplace(key, std::int8_t(best));
-      st.last_shape = key;
-      st.last_choice = std::int8_t(best);
-      return best;
+      settled = true;
     }
   }
-  if (!on_nodes) best = model::best(pr, p);
+  if (!on_nodes && !settled) best = model::best(pr, p);
   if (st.decisions.size() >= st.kMaxDecisions) st.decisions.clear();
   st.decisions.emplace(key, std::int8_t(best));
   st.last_shape = key;
   st.last_choice = std::int8_t(best);
-  if (comm.debug().on(debug_level::info) && !on_nodes) debug_choice(comm.debug(), pr, p, best, st.source, comm.identity());
+  if (comm.debug().on(debug_level::info) && !on_nodes && !settled) debug_choice(comm.debug(), pr, p, best, st.source, comm.identity());
   return best;
 }
 

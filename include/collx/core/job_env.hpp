@@ -28,6 +28,10 @@ struct launch_info {
 };
 
 
+/// Whether this process was started by a launcher that serves PMIx (mpirun, srun --mpi=pmix:
+/// its variables are set; transport/tcp/pmix_store.hpp meets there).
+inline bool pmix_launched() { return std::getenv("PMIX_NAMESPACE") != nullptr && std::getenv("PMIX_RANK") != nullptr; }
+
 /// Reads the launcher's variables. Throws errc::invalid_argument, naming the variables it looked
 /// for, when no launcher convention is present or a value is malformed.
 inline launch_info launch_info_from_env() {

@@ -12,7 +12,6 @@
 //                       found through the socket each rank keeps listening on.
 // Every socket is owned (net::fd) and closed on every path.
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <span>
@@ -154,7 +153,7 @@ class tcp {
     if (cfg.master_addr.empty()) cfg.master_addr = li.master_addr;
     if (cfg.master_port == 0) cfg.master_port = li.master_port;
     if (cfg.store_path.empty() && !cfg.external_store && (cfg.master_addr.empty() || cfg.master_port == 0)) {
-      const bool pmix = std::getenv("PMIX_NAMESPACE") != nullptr && std::getenv("PMIX_RANK") != nullptr;
+      const bool pmix = pmix_launched();
 #if defined(COLLX_WITH_PMIX)
       if (pmix) {
         cfg.external_store = std::make_shared<pmix_store>(li.rank);

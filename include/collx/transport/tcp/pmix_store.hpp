@@ -1,7 +1,7 @@
 #pragma once
 // The rendezvous store a PMIx launcher keeps for its job: Open MPI's mpirun, srun --mpi=pmix,
-// PRRTE's prterun. Under one of them tcp::from_env (and so shm's and two_level's from_env, and
-// the torch backend's) needs no MASTER_ADDR: each rank publishes what it must (PMIx_Put of its
+// PRRTE's prterun. Under one of them tcp::from_env (and so two_level<shm, tcp>::from_env) needs
+// no MASTER_ADDR: each rank publishes what it must (PMIx_Put of its
 // own keys, PMIx_Commit), and reads a peer's key from that peer (PMIx_Get of (namespace, rank)):
 // the launcher's servers carry it between hosts (PMIx's direct modex: a get waits for the
 // peer's commit, however far it is). A rendezvous that all ranks reach at one point could read
@@ -32,9 +32,6 @@
 #include "store.hpp"
 
 namespace collx::transport {
-
-/// Whether this process was started by a launcher that serves PMIx (its variables are set).
-inline bool pmix_launched() { return std::getenv("PMIX_NAMESPACE") != nullptr && std::getenv("PMIX_RANK") != nullptr; }
 
 /// An address of this host's that routes toward the launcher (mpirun's, or srun's host), for a
 /// job whose store is the launcher's: its ranks listen there, on the network the launcher
@@ -144,8 +141,6 @@ class pmix_store final : public store {
   }
   std::string where() const override { return std::string("PMIx (namespace ") + me_.nspace + ")"; }
   bool launcher_kept() const override { return true; }
-
-  int rank() const noexcept { return int(me_.rank); }
 
  private:
   static int next_use() {

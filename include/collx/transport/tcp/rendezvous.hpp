@@ -140,9 +140,10 @@ class rendezvous {
     }
   }
 
-  /// A store the launcher keeps for the job's processes alone (PMIx): rank 0 draws the secret
-  /// and puts it there, the others read it from rank 0.
-  std::string launcher_secret(store& st, net::clock::time_point deadline) {
+  /// A store only the job's user (a file store's private directory) or only the job's
+  /// processes (a PMIx launcher's) can read: rank 0 draws the secret and keeps it there, the
+  /// others read it from rank 0 (tcp/secret.hpp, 3).
+  std::string secret_in_private_store(store& st, net::clock::time_point deadline) {
     if (rank_ == 0) {
       std::string secret = random_secret();
       st.set(key("secret"), secret);
@@ -150,7 +151,7 @@ class rendezvous {
     }
     auto t = st.get_from(0, key("secret"), deadline);
     if (!t) throw error(errc::timeout, "tcp: rendezvous of job \"" + job_ + "\" timed out at rank " + std::to_string(rank_) +
-                                           ": rank 0 never put the job's secret in " + st.where() + " (is rank 0 running?)");
+                                           ": rank 0 never put the job's secret in " + st.where() + " (is rank 0 running in this job?)");
     return *t;
   }
 
@@ -196,7 +197,7 @@ class rendezvous {
     }
     if (cfg_.external_store) {
       st = cfg_.external_store;
-      if (secret.empty() && launcher_kept) secret = launcher_secret(*st, deadline);
+      if (secret.empty() && launcher_kept) secret = secret_in_private_store(*st, deadline);
       else if (secret.empty() && one_host) secret = host_secret_published(*st, deadline);
     } else if (!cfg_.store_path.empty()) {
       auto fs = std::make_unique<file_store>(cfg_.store_path, deadline);
@@ -205,17 +206,7 @@ class rendezvous {
       if (rank_ == 0) fs->claim(job_);
       else fs->await_claim(job_, deadline, rank_);
       // (3) its directory is this user's alone (file_store checks): the secret may be kept there
-      if (secret.empty()) {
-        if (rank_ == 0) {
-          secret = random_secret();
-          fs->set(key("secret"), secret);
-        } else {
-          auto t = fs->get(key("secret"), deadline);
-          if (!t) throw error(errc::timeout, "tcp: rendezvous timed out: rank 0 never wrote the job's secret into " + fs->where() +
-                                                 " (is rank 0 running in job \"" + job_ + "\"?)");
-          secret = *t;
-        }
-      }
+      if (secret.empty()) secret = secret_in_private_store(*fs, deadline);
       st = std::move(fs);
     } else {
       if (!master && !served_)
@@ -354,14 +345,12 @@ class rendezvous {
 
     // Rank 0's store must outlive every rank's use of it: each counts itself done, and rank 0
     // waits for all of them before its server goes. (A launcher's store ends with the job.)
-    if (st->launcher_kept()) {
-      size_buffers();
-      return;
+    if (!st->launcher_kept()) {
+      st->set(key("ready/" + std::to_string(rank_)), "1");
+      // The last rank to finish removes the job's keys (a file store would hand them to a later
+      // job of the same name).
+      if (st->add(key("ready"), 1) == n_) st->erase_prefix(job_ + "/");
     }
-    st->set(key("ready/" + std::to_string(rank_)), "1");
-    // The last rank to finish removes the job's keys (a file store would hand them to a later
-    // job of the same name).
-    if (st->add(key("ready"), 1) == n_) st->erase_prefix(job_ + "/");
     if (server) {
       while (st->add(key("ready"), 0) < n_) {
         if (net::clock::now() >= deadline) {
