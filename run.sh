@@ -82,7 +82,7 @@ case "${1:-}" in
     ;;
   test)
     need "${base_pkgs[@]}" catch2 libbenchmark-dev openmpi-bin libopenmpi-dev openssh-client clang libclang-rt-14-dev iproute2 libeigen3-dev \
-      python3-torch libtorch-dev pybind11-dev
+      python3-torch libtorch-dev pybind11-dev mpich libmpich-dev slurmctld slurmd slurm-client munge
     # The Catch2 suite runs once, in the sanitizer builds below (clang builds it ~3.5x faster than
     # g++); the release build checks everything else with g++ at the flags users build with:
     # the strategy programs and examples run as tests, the benchmarks, tools, CUDA kernels and

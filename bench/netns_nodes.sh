@@ -10,6 +10,7 @@
 #   bench/netns_nodes.sh --layout 3,2 [...] -- PROGRAM ARGS...     uneven hosts: 3 ranks on one, 2 on the other
 #   bench/netns_nodes.sh --hosts 2 --per-host 2 --rate 1gbit --delay 0.2ms -- build/bench/collx-nodes-perf --from-env -b 64M -e 64M
 #   bench/netns_nodes.sh --mpirun --layout 3,2 -- build/bench/collx-nodes-perf --from-env --check
+#   bench/netns_nodes.sh --srun --hosts 3 --per-host 2 -- build/bench/collx-nodes-perf --mpi --check
 #
 # --mpirun: Open MPI's mpirun starts the ranks instead, as on a cluster: its daemon (orted) runs
 # in each host (its launcher agent is a script that enters the host's namespaces, as ssh would
@@ -17,13 +18,20 @@
 # gives them: no MASTER_ADDR, no COLLX_NODE (tcp meets through mpirun's PMIx store; which ranks
 # share a host comes from the host names). Open MPI's own traffic stays on the hosts' network.
 #
+# --srun: Slurm starts the ranks instead, with its PMIx (srun --mpi=pmix), as on a Slurm cluster:
+# a private Slurm for the run (munged on a socket of its own, slurmctld on the bridge, a slurmd in
+# each host, every file in a temporary directory; Debian: slurmctld slurmd slurm-client munge),
+# srun called from host 0 as from a login node, each rank placed on its host (-m arbitrary).
+# The ranks again get only what the launcher gives them.
+#
 # Needs root (ip netns, tc). Ranks' output goes to stdout, rank 0's first lines unmixed (the
 # others are quiet in collx-nodes-perf). The namespaces are removed on exit, whatever happens.
 set -euo pipefail
-hosts=2 per=2 rr=0 rate="" delay="" layout="" mpirun=0
+hosts=2 per=2 rr=0 rate="" delay="" layout="" mpirun=0 srun=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --mpirun) mpirun=1; shift ;;
+    --srun) srun=1; shift ;;
     --hosts) hosts=$2; shift 2 ;;
     --per-host) per=$2; shift 2 ;;
     --round-robin) rr=1; shift ;;
@@ -47,6 +55,11 @@ else
   done
 fi
 n=${#host_of[@]}
+if [ $srun = 1 ]; then
+  for p in slurmctld slurmd srun munged sinfo; do
+    command -v $p >/dev/null || { echo "netns_nodes.sh: --srun needs Slurm and MUNGE ($p not found; Debian: slurmctld slurmd slurm-client munge): skipped" >&2; exit 77; }
+  done
+fi
 if ! ip netns add collx-probe-$$ 2>/dev/null; then
   echo "netns_nodes.sh: this machine does not allow network namespaces (ip netns add failed): skipped" >&2
   exit 77
@@ -63,8 +76,8 @@ cleanup() {
 trap cleanup EXIT
 ip link add $br type bridge
 ip link set $br up
-# mpirun stays in this namespace: its daemons reach it over the bridge
-[ $mpirun = 1 ] && ip addr add 10.77.0.254/24 dev $br
+# mpirun (and slurmctld) stay in this namespace: the daemons in the hosts reach it over the bridge
+[ $mpirun = 1 ] || [ $srun = 1 ] && ip addr add 10.77.0.254/24 dev $br
 for ((j = 0; j < hosts; j++)); do
   ns=${tag}h$j
   ip netns add $ns
@@ -91,16 +104,100 @@ done
 # namespace (in the host's network namespace) with a fresh tmpfs there, and the host's ranks
 # enter both. (Without unshare and nsenter the hosts share this machine's /dev/shm.)
 shm_pid=()
+# --srun: each host's slurmd needs a cgroup file system to look at (ip netns exec mounts a sysfs
+# of the namespace's own, without /sys/fs/cgroup; the plugins here use no cgroup, but slurmd will
+# not start without one) and a temporary directory of its own (Slurm's PMIx server keeps its
+# sockets there, under the same names on every host): $sl/node, a different directory on each.
+host_mounts() { :; }
+if [ $srun = 1 ]; then
+  sl=$(mktemp -d /tmp/collx-slurm.XXXXXX)
+  mkdir "$sl/node" "$sl/state"
+  trap 'cleanup; rm -rf "$sl"' EXIT
+  host_mounts() {
+    mkdir "$sl/node-h$1"
+    echo "mount -t tmpfs -o mode=755 cgroup /sys/fs/cgroup && mkdir /sys/fs/cgroup/systemd &&
+          mount -t cgroup -o none,name=systemd cgroup /sys/fs/cgroup/systemd && mount --bind $sl/node-h$1 $sl/node &&"
+  }
+fi
 if command -v unshare >/dev/null && command -v nsenter >/dev/null; then
   for ((j = 0; j < hosts; j++)); do
     f=$(mktemp)
     ip netns exec ${tag}h$j unshare -m -u --propagation private sh -c \
-      "mount -t tmpfs -o size=1g tmpfs /dev/shm && hostname ${tag}h$j && echo \$\$ > $f && exec sleep 100000" &
+      "mount -t tmpfs -o size=1g tmpfs /dev/shm && $(host_mounts $j) hostname ${tag}h$j && echo \$\$ > $f && exec sleep 100000" &
     holders+=($!)
     for _ in $(seq 100); do [ -s "$f" ] && break; sleep 0.05; done
     shm_pid+=("$(cat "$f")")
     rm -f "$f"
   done
+fi
+if [ $srun = 1 ]; then
+  [ ${#shm_pid[@]} -eq $hosts ] || { echo "netns_nodes.sh: --srun needs unshare and nsenter: skipped" >&2; exit 77; }
+  slurm_pids=()
+  trap 'for p in "${slurm_pids[@]}"; do kill "$p" 2>/dev/null || true; done; sleep 0.2; cleanup; rm -rf "$sl"' EXIT
+  head -c 1024 /dev/urandom >"$sl/munge.key"
+  chmod 400 "$sl/munge.key"
+  munged --force --foreground --socket="$sl/munge.sock" --key-file="$sl/munge.key" --pid-file="$sl/munged.pid" \
+    --log-file="$sl/munged.log" --seed-file="$sl/munge.seed" 2>/dev/null &
+  slurm_pids+=($!)
+  ctl_port=$((30000 + $$ % 15000))
+  {
+    echo "ClusterName=collx"
+    echo "SlurmctldHost=$(hostname)(10.77.0.254)"
+    echo "AuthType=auth/munge"
+    echo "AuthInfo=socket=$sl/munge.sock"
+    echo "CredType=cred/munge"
+    echo "SlurmUser=root"
+    echo "SlurmdUser=root"
+    echo "SlurmctldPort=$ctl_port"
+    echo "SlurmdPort=$((ctl_port + 1))"
+    echo "StateSaveLocation=$sl/state"
+    echo "TmpFS=$sl/node"
+    echo "SlurmdSpoolDir=$sl/spool-%n"
+    echo "SlurmctldPidFile=$sl/slurmctld.pid"
+    echo "SlurmdPidFile=$sl/slurmd-%n.pid"
+    echo "SlurmctldLogFile=$sl/slurmctld.log"
+    echo "SlurmdLogFile=$sl/slurmd-%n.log"
+    echo "ProctrackType=proctrack/linuxproc"
+    echo "TaskPlugin=task/none"
+    echo "JobAcctGatherType=jobacct_gather/none"
+    echo "AccountingStorageType=accounting_storage/none"
+    echo "SchedulerType=sched/builtin"
+    echo "SelectType=select/cons_tres"
+    echo "SelectTypeParameters=CR_Core"
+    echo "SlurmdParameters=config_overrides"  # (the CPUs below, more than this machine has)
+    echo "MpiDefault=none"
+    echo "ReturnToService=2"
+    for ((j = 0; j < hosts; j++)); do echo "NodeName=${tag}h$j NodeAddr=10.77.0.$((j + 1)) CPUs=16 State=UNKNOWN"; done
+    echo "PartitionName=hosts Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:16"
+  } >"$sl/slurm.conf"
+  export SLURM_CONF=$sl/slurm.conf
+  for _ in $(seq 100); do [ -S "$sl/munge.sock" ] && break; sleep 0.05; done
+  slurmctld -D -f "$SLURM_CONF" >/dev/null 2>&1 &
+  slurm_pids+=($!)
+  for ((j = 0; j < hosts; j++)); do
+    nsenter -t "${shm_pid[$j]}" -m -n -u -- slurmd -D -f "$SLURM_CONF" >/dev/null 2>&1 &
+    slurm_pids+=($!)
+  done
+  # every host's slurmd registered and idle, within 30 s
+  for _ in $(seq 300); do
+    [ "$(sinfo -h -o '%T %D' 2>/dev/null)" = "idle $hosts" ] && break
+    sleep 0.1
+  done
+  if [ "$(sinfo -h -o '%T %D' 2>/dev/null)" != "idle $hosts" ]; then
+    echo "netns_nodes.sh: --srun: the private Slurm did not come up within 30 s (sinfo: $(sinfo -h 2>&1 | tr '\n' ' '))" >&2
+    tail -n 5 "$sl"/*.log >&2 || true
+    exit 1
+  fi
+  for j in "${host_of[@]}"; do echo ${tag}h$j; done >"$sl/hostfile"
+  # srun from host 0, as from a login node; -m arbitrary puts rank r on the hostfile's line r
+  # (nothing of a rendezvous from here: the ranks meet through Slurm's PMIx, with a job secret)
+  nsenter -t "${shm_pid[0]}" -m -n -u -- env -u MASTER_ADDR -u MASTER_PORT -u COLLX_JOB_TOKEN -u COLLX_NODE \
+    COLLX_REQUIRE_SECRET=1 SLURM_HOSTFILE="$sl/hostfile" OMPI_MCA_btl=self,vader,tcp \
+    OMPI_MCA_btl_tcp_if_include=10.77.0.0/24 srun --mpi=pmix -n $n -m arbitrary --time=3 "$@" && exit 0
+  rc=$?
+  echo "netns_nodes.sh: srun failed ($rc); the private Slurm's logs end:" >&2
+  tail -n 8 "$sl"/slurm*.log >&2 || true
+  exit $rc
 fi
 if [ $mpirun = 1 ]; then
   if [ ${#shm_pid[@]} -ne $hosts ] || ! command -v mpirun >/dev/null; then

@@ -259,7 +259,7 @@ int main(int argc, char** argv) {
       }
       using two = collx::transport::two_level<collx::transport::shm, collx::transport::mpi>;
       {
-        collx::communicator comm{two::connect(collx::transport::mpi::world(), collx::launch_info_from_env().job + ".mpi")};
+        collx::communicator comm{two::connect(collx::transport::mpi::world())};
         bad += check(comm);
       }
       // and tcp across, from the launcher's variables (under mpirun: its PMIx store)

@@ -162,11 +162,13 @@ class tcp {
         return tcp(li.job, li.rank, li.size, std::move(cfg));
       }
 #endif
-      throw error(errc::invalid_argument,
-                  "tcp: found " + li.launcher + "'s rank and size but no rendezvous: set MASTER_ADDR and MASTER_PORT (rank 0 serves the "
-                  "store there), or COLLX_STORE_PATH (a shared directory)" +
-                      (pmix ? std::string(", or build the program with collx::pmix (its launcher serves PMIx, and this program has no PMIx)")
-                            : std::string()));
+      std::string hint;
+      if (pmix) hint = ", or build the program with collx::pmix (its launcher serves PMIx, and this program has no PMIx)";
+#if defined(COLLX_WITH_PMIX)
+      else if (li.launcher == "srun") hint = ", or start the job with srun --mpi=pmix (this srun served no PMIx: its --mpi is none or pmi2)";
+#endif
+      throw error(errc::invalid_argument, "tcp: found " + li.launcher + "'s rank and size but no rendezvous: set MASTER_ADDR and MASTER_PORT (rank 0 serves the "
+                                          "store there), or COLLX_STORE_PATH (a shared directory)" + hint);
     }
     return tcp(li.job, li.rank, li.size, std::move(cfg));
   }

@@ -27,8 +27,10 @@
 #include <unistd.h>
 
 #include <array>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <random>
 #include <span>
 #include <string>
 #include <utility>
@@ -194,25 +196,48 @@ class two_level {
     return two_level(std::move(in), std::move(out), std::move(nm));
   }
 
-  /// Every rank's node key (COLLX_NODE, else the host name), gathered over `out`: the node map.
-  static node_map gather_nodes(Inter& out, const std::string& job_key = {}) {
-    using key = std::array<char, 64>;
+  /// Every rank's node key (COLLX_NODE, else the host name), gathered over `out`: the node map;
+  /// and the job's name, `job` where given, else rank 0's (drawn there, see connect).
+  struct setup_keys {
+    node_map nodes;
+    std::string job;
+  };
+  static setup_keys gather_nodes(Inter& out, const std::string& job = {}) {
+    struct key {
+      std::array<char, 64> node{};
+      std::array<char, 64> job{};  // (rank 0's is everyone's)
+    };
     key mine{};
     const std::string k = node_key();
-    std::memcpy(mine.data(), k.data(), std::min(k.size(), mine.size() - 1));
+    std::memcpy(mine.node.data(), k.data(), std::min(k.size(), mine.node.size() - 1));
     const int n = out.size(), r = out.rank();
+    if (job.empty() && r == 0) {
+      const std::string drawn = draw_job_name();
+      std::memcpy(mine.job.data(), drawn.data(), std::min(drawn.size(), mine.job.size() - 1));
+    }
     std::vector<key> all(static_cast<std::size_t>(n));
     all[std::size_t(r)] = mine;
     std::vector<send_desc> s;
     std::vector<recv_desc> v;
     for (int q = 0; q < n; ++q) {
       if (q == r) continue;
-      s.push_back({q, reinterpret_cast<const std::byte*>(mine.data()), sizeof(key)});
-      v.push_back({q, reinterpret_cast<std::byte*>(all[std::size_t(q)].data()), sizeof(key), nullptr, combine::copy});
+      s.push_back({q, reinterpret_cast<const std::byte*>(&mine), sizeof(key)});
+      v.push_back({q, reinterpret_cast<std::byte*>(&all[std::size_t(q)]), sizeof(key), nullptr, combine::copy});
     }
-    const call_info call = setup_call("node_map", sizeof(key), job_key, r);
+    const call_info call = setup_call("node_map", sizeof(key), job, r);
     if (n > 1) out.exchange(s, v, exchange_context{&call, {}, false});
-    return node_map::from_keys(n, [&](int q) { return std::string(all[std::size_t(q)].data()); });
+    return {node_map::from_keys(n, [&](int q) { return std::string(all[std::size_t(q)].node.data()); }),
+            job.empty() ? std::string(all[0].job.data()) : job};
+  }
+  /// A job name no other job on these hosts has: the host, the process and 64 random bits.
+  static std::string draw_job_name() {
+    char h[64] = {};
+    ::gethostname(h, sizeof h - 1);
+    std::random_device rd;
+    const unsigned long long bits = (static_cast<unsigned long long>(rd()) << 32) ^ rd();
+    char name[64];
+    std::snprintf(name, sizeof name, "tl-%.20s-%d-%016llx", h, int(::getpid()), bits);
+    return name;
   }
   /// A message of the setup over Inter (the node map, the topology), `bytes` from each sender.
   static call_info setup_call(const char* what, std::size_t bytes, const std::string& job, int rank) {
@@ -242,10 +267,12 @@ class two_level {
     return connect(Inter::from_env(std::move(out_cfg)), li.job, in_cfg);
   }
   /// The node map gathered over `out`, this rank placed on its NUMA domain (see the top), then
-  /// each node's transport; COLLX_TOPO_DUMP written.
+  /// each node's transport; COLLX_TOPO_DUMP written. `job` names what the ranks share (each
+  /// node's segment: job + ".node<j>"); left empty, rank 0 draws a name and hands it out with
+  /// the node map, as a job launched by MPICH's mpiexec needs (its environment names no job).
   template <class IntraConfig = config_of<Intra>>
-  static two_level connect(Inter out, const std::string& job, IntraConfig in_cfg = {}) {
-    node_map nm = gather_nodes(out, job);
+  static two_level connect(Inter out, const std::string& job_given = {}, IntraConfig in_cfg = {}) {
+    auto [nm, job] = gather_nodes(out, job_given);
     const int r = out.rank(), j = nm.node_of[std::size_t(r)], l = nm.local_of[std::size_t(r)];
     const int L = int(nm.members[std::size_t(j)].size());
     const machine here = read_machine();
