@@ -28,6 +28,8 @@
 //                                                      policy and two_level, bytes between nodes
 //   collx-explain --topology [--nodes 3,2]             this machine's NUMA domains and CPUs (hwloc),
 //                                                      where each local rank would be pinned, the nodes
+//   collx-explain all_reduce -n 4 --order              the order each policy adds block b in, and the
+//                                                      deterministic mode's (docs/precision.md)
 //
 // The tool also checks that every send meets a receive of the same size at the same step on its
 // peer, and exits non-zero if one does not (so it doubles as a test).
@@ -35,6 +37,7 @@
 #include <collx/collx.hpp>
 #include <collx/algo/model.hpp>
 #include <collx/algo/nodes_model.hpp>
+#include <collx/algo/order.hpp>
 #include <collx/core/machine.hpp>
 #ifdef COLLX_EXPLAIN_HWLOC
 #include <collx/core/hwloc.hpp>
@@ -86,6 +89,7 @@ struct config {
   bool round_robin = false;       // --round-robin: ranks dealt out over the nodes
   std::string net = "tcp";        // --net: the transport between nodes (--transport: within)
   bool topology = false;          // --topology
+  bool order = false;             // --order
 };
 
 model::problem problem_of(const config& cfg) {
@@ -795,6 +799,7 @@ int usage(const char* argv0) {
                "usage: %s [COLLECTIVE] [-n N] [--bytes SIZE] [--root R] [--noncommutative] [--transport T]\n"
                "                     [--policy P,..] [--alpha S] [--beta S] [--gamma S] [--steps K|all]\n"
                "                     [--dot FILE] [--measure] [--csv MIN MAX] [--nodes A,B,..] [--round-robin] [--net T] [--topology]\n"
+               "                     [--order]\n"
                "  COLLECTIVE        all_reduce (default), reduce_scatter, all_gather, broadcast, reduce, all_to_all\n"
                "  -n N              ranks (default 4)\n"
                "  -b, --bytes SIZE  the largest buffer a rank passes (nccl-tests' size), e.g. 64K (default), 64MiB\n"
@@ -817,9 +822,47 @@ int usage(const char* argv0) {
                "  --round-robin     with --nodes: ranks dealt out over the nodes in turn\n"
                "  --net T           with --nodes: the transport between nodes (tcp, shm, threads)\n"
                "  --topology        this machine's NUMA domains and CPUs (hwloc), and where each rank of the job\n"
-               "                    (-n, or --nodes) is placed\n",
+               "                    (-n, or --nodes) is placed\n"
+               "  --order           the order each policy adds each block's contributions in (all_reduce,\n"
+               "                    reduce_scatter, reduce), and the deterministic mode's: rank order\n",
                argv0);
   return 2;
+}
+
+/// --order: the expression each policy computes block b's result by (algo/order.hpp), every
+/// rank's schedule run on symbols; then algo::deterministic's, which is rank order for every
+/// block. Floating-point addition rounds at every "+", so different expressions may give
+/// different bits (docs/precision.md).
+bool print_order(const config& cfg) {
+  if (cfg.c != coll::all_reduce && cfg.c != coll::reduce_scatter && cfg.c != coll::reduce) {
+    std::fprintf(stderr, "collx-explain --order: %s does not reduce (all_reduce, reduce_scatter or reduce)\n", model::name(cfg.c));
+    return false;
+  }
+  if (cfg.n > 16) {
+    std::fprintf(stderr, "collx-explain --order: at most 16 ranks (the expressions grow with N)\n");
+    return false;
+  }
+  const bool rs = cfg.c == coll::reduce_scatter;
+  // one element per block: rank q's result for reduce_scatter, the root's (rank 0's) blocks else
+  const model::problem pr{cfg.c, cfg.n, rs ? 1 : std::size_t(cfg.n), elem, cfg.root, cfg.commutative};
+  const std::size_t in = std::size_t(cfg.n), out = rs ? 1 : std::size_t(cfg.n);
+  std::printf("The order %s adds block b in over N = %d ranks (xq: rank q's contribution; every + rounds once)\n",
+              model::name(cfg.c), cfg.n);
+  auto show = [&](const char* name, const std::vector<schedule>& all) {
+    if (all.empty()) return;  // (no schedule for this collective and op)
+    const auto got = algo::addition_order(all, in, out);
+    std::printf("%s\n", name);
+    const int who = cfg.c == coll::reduce ? cfg.root : 0;
+    for (int b = 0; b < cfg.n; ++b) {
+      const std::string& e = rs ? got[std::size_t(b)][0] : got[std::size_t(who)][std::size_t(b)];
+      std::printf("  block %d%s: %s\n", b, rs ? (" (on rank " + std::to_string(b) + ")").c_str() : "", e.c_str());
+    }
+  };
+  for (model::choice p : shown(cfg))
+    model::visit(p, [&](const auto& a) { show(a.name, model::schedules(a, pr)); });
+  show("deterministic (algo::deterministic<P>, any P; options::deterministic, COLLX_DETERMINISTIC=1)",
+       model::schedules(algo::deterministic<>{}, pr));
+  return true;
 }
 
 /// collx-perf for --measure.
@@ -892,6 +935,8 @@ int main(int argc, char** argv) {
       }
       cfg.n = 0;
       for (int k : cfg.nodes) cfg.n += k;
+    } else if (arg == "--order") {
+      cfg.order = true;
     } else if (arg == "--topology") {
       cfg.topology = true;
     } else if (arg == "--round-robin") {
@@ -929,6 +974,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (!cfg.dot.empty()) return write_dot(cfg) ? 0 : 1;
+  if (cfg.order) return print_order(cfg) ? 0 : 1;
 
   std::printf("%s over N = %d ranks, D = %zu bytes of float (blocks: the buffer cut into N in rank order)\n",
               model::name(cfg.c), cfg.n, cfg.bytes);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "../algo/automatic.hpp"
+#include "../algo/deterministic.hpp"
 #include "../algo/policies.hpp"
 #include "../algo/nodes_model.hpp"
 #include "../algo/two_level.hpp"
@@ -354,6 +355,24 @@ algo::choice automatic_choice(communicator<T>& comm, algo::collective c, std::si
 template <class Op, algo::collective C, class E, class Algo, class T, class F>
 void with_policy(const Algo& a, communicator<T>& comm, std::size_t count, call_info& call, F&& f) {
   if (skip_if_empty(comm, call)) return;
+  constexpr bool reducing = C == algo::collective::all_reduce || C == algo::collective::reduce_scatter || C == algo::collective::reduce;
+  if constexpr (reducing && !algo::is_deterministic_v<Algo> && !std::is_same_v<Op, no_op>) {
+    if constexpr (order_shows_v<Op, E>) {
+      if (comm.opts().deterministic) {
+        // options::deterministic: the call as algo::deterministic, the given policy doing its
+        // all-gather where it has one (automatic's choice where not)
+        // (one instantiation, deterministic<automatic>, whatever the policy: its all-gather is
+        // chosen at run time)
+        algo::deterministic<> d{};
+        if constexpr (algo::detail::index_in<Algo>(algo::policies{}) >= 0 &&
+                      requires(const algo::ag_problem& p) { a.all_gather(p); })
+          d.gather = algo::choice_of<Algo>;
+        set_name(call.sig.policy, decltype(d)::name);
+        if (call.rec != nullptr) call.rec->policy = decltype(d)::name;
+        return with_policy<Op, C, E>(d, comm, count, call, std::forward<F>(f));
+      }
+    }
+  }
   if constexpr (std::is_same_v<Algo, algo::automatic>) {
     constexpr bool commutative = is_commutative_v<Op>;
     typename communicator<T>::automatic_state::trial* trying = nullptr;  // a trial's call: timed
@@ -404,6 +423,13 @@ void with_policy(const Algo& a, communicator<T>& comm, std::size_t count, call_i
           }
       });
     }
+  } else if constexpr (algo::is_deterministic_automatic_v<Algo> && C == algo::collective::all_reduce) {
+    // deterministic<automatic>: the all-gather the model would run for these blocks (the
+    // reduction is the same whichever it is)
+    const std::size_t n = std::size_t(comm.size()), per = count / n + (count % n != 0);
+    Algo d = a;
+    if (d.gather == algo::choice(-1)) d.gather = automatic_choice(comm, algo::collective::all_gather, per, sizeof(E), true, call);
+    f(d);
   } else {
     f(a);
   }

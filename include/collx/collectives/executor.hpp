@@ -170,6 +170,26 @@ void finalize_at(communicator<T>& comm, const located& x, std::size_t count) {
   });
 }
 
+/// A fold (core/schedule.hpp: fold_op) in host memory: dst = srcs[0] ⊕ srcs[1] ⊕ ..., over the
+/// runs where every operand is contiguous (a fused batch's pieces split them).
+template <class E, class Op>
+void fold_at(const Op& op, const located& dst, std::span<const located> srcs, std::size_t count) {
+  thread_local std::vector<const E*> p;
+  thread_local std::vector<std::size_t> hint;
+  p.assign(srcs.size(), nullptr);
+  hint.assign(srcs.size(), SIZE_MAX);
+  std::size_t dh = SIZE_MAX;
+  const std::size_t bytes = count * sizeof(E);
+  for (std::size_t off = 0; off < bytes;) {
+    std::size_t len = bytes - off;
+    std::byte* d = operand_at(dst.p, dst.spread, off, len, dh);
+    for (std::size_t k = 0; k < srcs.size(); ++k)
+      p[k] = reinterpret_cast<const E*>(operand_at(static_cast<const std::byte*>(srcs[k].p), srcs[k].spread, off, len, hint[k]));
+    ops::fold_into<E>(op, reinterpret_cast<E*>(d), std::span<const E* const>(p), len / sizeof(E));
+    off += len;
+  }
+}
+
 /// A failure's message in the call's flight record (comm/flight.hpp), if it has none yet: one that
 /// did not come through call_info::fail (a socket's, an allocation's).
 inline void note_failure(const call_info& call, const std::exception& e) {
@@ -235,6 +255,19 @@ void execute_steps(communicator<T>& comm, const call_info& call, const schedule&
         copy_runs(at(c.dst), at(c.src), c.src.count * sizeof(E), [&](std::byte* d, const std::byte* x, std::size_t n) {
           local_copy(comm.transport(), d, x, n);
         });
+      }
+      if (st.folds_begin != st.folds_end) {
+        if constexpr (std::is_same_v<Op, no_op> || !host_memory_v<T>) {
+          call.fail(errc::invalid_argument, "a schedule that folds (the deterministic mode) needs a reducing op over host memory");
+        } else {
+          thread_local std::vector<located> from;
+          for (auto i = st.folds_begin; i < st.folds_end; ++i) {
+            const fold_op& f = s.folds()[i];
+            from.clear();
+            for (const region& r : s.srcs_of(f)) from.push_back(at(r));
+            fold_at<E>(op, at(f.dst), std::span<const located>(from), f.dst.count);
+          }
+        }
       }
       sends.clear();
       recvs.clear();

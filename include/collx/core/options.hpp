@@ -18,6 +18,8 @@ inline std::chrono::nanoseconds default_timeout() {
 inline std::chrono::nanoseconds default_call_timeout() {
   return std::chrono::nanoseconds(static_cast<std::int64_t>(env_seconds("COLLX_CALL_TIMEOUT_S", 0) * 1e9));
 }
+/// options::deterministic's default: COLLX_DETERMINISTIC (0 or 1), or 0.
+inline bool default_deterministic() { return env_int("COLLX_DETERMINISTIC", 0ll, 1ll, 0ll) == 1; }
 }  // namespace detail
 
 struct options {
@@ -28,6 +30,11 @@ struct options {
   /// (errc::timeout too); 0: no such bound. A peer cannot keep a call open by sending a byte
   /// just inside each timeout (docs/security.md).
   std::chrono::nanoseconds call_timeout = detail::default_call_timeout();
+  /// Reductions that can be reproduced bit for bit (algo/deterministic.hpp): every all_reduce,
+  /// reduce_scatter and reduce of floating-point elements (or a user's op) under any policy runs
+  /// as algo::deterministic, that policy doing its all-gather where it has one. The same on every
+  /// rank (a rank that differs fails the call as a mismatch). Default COLLX_DETERMINISTIC.
+  bool deterministic = detail::default_deterministic();
 };
 
 }  // namespace collx

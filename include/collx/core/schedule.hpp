@@ -12,6 +12,7 @@
 #include <climits>
 #include <cstddef>
 #include <memory>
+#include <span>
 #include <stdexcept>
 #include <cstdint>
 #include <string>
@@ -38,6 +39,14 @@ enum class combine : std::uint8_t {
 };
 
 struct copy_op { region dst, src; };
+/// dst = src_0 ⊕ src_1 ⊕ ... in that order, accumulated in the op's accumulator type and rounded
+/// once into dst (ops::accumulator_t); dst may be one of the sources. The deterministic mode's
+/// reduction (algo/deterministic.hpp): whatever order the contributions arrive in, each element
+/// is reduced in rank order. Its sources are fold_srcs()[srcs_begin, srcs_end).
+struct fold_op {
+  region dst;
+  std::uint32_t srcs_begin = 0, srcs_end = 0;
+};
 struct send_op { int peer; region src; };
 struct recv_op {
   int peer;
@@ -47,7 +56,8 @@ struct recv_op {
 };
 
 /// One step: its index on the global timeline (steps of all ranks with equal time run
-/// together), and the ranges of its operations in the schedule's flat arrays.
+/// together), and the ranges of its operations in the schedule's flat arrays. Its local
+/// operations run first, copies then folds, each in order; then its sends and receives.
 ///
 /// Within a step, a transport may move the sends and receives in any order and interleave
 /// them, with two exceptions it must honour: messages between one pair of ranks keep the
@@ -57,6 +67,7 @@ struct recv_op {
 struct step {
   int time = 0;
   std::uint32_t copies_begin = 0, copies_end = 0;
+  std::uint32_t folds_begin = 0, folds_end = 0;
   std::uint32_t sends_begin = 0, sends_end = 0;
   std::uint32_t recvs_begin = 0, recvs_end = 0;
 };
@@ -66,16 +77,17 @@ class schedule {
   /// Starts a new step at `time` (default: the step after the last one).
   void next_step(int time = -1) {
     low_.reset();
-    // A step that only copies merges into the next one: its copies still run before that step's
-    // transfers, and it costs no step on the timeline.
+    // A step that only copies (or folds) merges into the next one: its local operations still
+    // run before that step's transfers, and it costs no step on the timeline.
     if (!steps_.empty() && steps_.back().sends_begin == steps_.back().sends_end &&
         steps_.back().recvs_begin == steps_.back().recvs_end) {
       if (time >= 0) steps_.back().time = time;
       return;
     }
     if (time < 0) time = steps_.empty() ? 0 : checked_next(steps_.back().time);
-    const auto c = std::uint32_t(copies_.size()), s = std::uint32_t(sends_.size()), r = std::uint32_t(recvs_.size());
-    steps_.push_back({time, c, c, s, s, r, r});
+    const auto c = std::uint32_t(copies_.size()), f = std::uint32_t(folds_.size()), s = std::uint32_t(sends_.size()),
+               r = std::uint32_t(recvs_.size());
+    steps_.push_back({time, c, c, f, f, s, s, r, r});
   }
   /// The step at `time`, creating it if the last step is earlier. Steps are appended in time order.
   void at(int time) {
@@ -87,6 +99,17 @@ class schedule {
     check_room(copies_.size());
     copies_.push_back({dst, src});
     steps_.back().copies_end = std::uint32_t(copies_.size());
+  }
+  /// dst = srcs[0] ⊕ srcs[1] ⊕ ... (fold_op), run after this step's copies.
+  void fold(region dst, std::span<const region> srcs) {
+    if (dst.count == 0) return;
+    ensure_step();
+    check_room(folds_.size());
+    check_room(fold_srcs_.size() + srcs.size());
+    const auto b = std::uint32_t(fold_srcs_.size());
+    fold_srcs_.insert(fold_srcs_.end(), srcs.begin(), srcs.end());
+    folds_.push_back({dst, b, std::uint32_t(fold_srcs_.size())});
+    steps_.back().folds_end = std::uint32_t(folds_.size());
   }
   void send(int peer, region src) {
     ensure_step();
@@ -119,6 +142,12 @@ class schedule {
     for (const step& st : other.steps_) {
       next_step(st.time + shift);
       for (auto i = st.copies_begin; i < st.copies_end; ++i) copy(at(other.copies_[i].dst), at(other.copies_[i].src));
+      for (auto i = st.folds_begin; i < st.folds_end; ++i) {
+        const fold_op& f = other.folds_[i];
+        std::vector<region> srcs;
+        for (auto j = f.srcs_begin; j < f.srcs_end; ++j) srcs.push_back(at(other.fold_srcs_[j]));
+        fold(at(f.dst), srcs);
+      }
       for (auto i = st.sends_begin; i < st.sends_end; ++i) send(other.sends_[i].peer, at(other.sends_[i].src));
       for (auto i = st.recvs_begin; i < st.recvs_end; ++i) {
         const auto& r = other.recvs_[i];
@@ -131,6 +160,11 @@ class schedule {
 
   const std::vector<step>& steps() const noexcept { return steps_; }
   const std::vector<copy_op>& copies() const noexcept { return copies_; }
+  const std::vector<fold_op>& folds() const noexcept { return folds_; }
+  const std::vector<region>& fold_srcs() const noexcept { return fold_srcs_; }
+  std::span<const region> srcs_of(const fold_op& f) const noexcept {
+    return {fold_srcs_.data() + f.srcs_begin, fold_srcs_.data() + f.srcs_end};
+  }
   const std::vector<send_op>& sends() const noexcept { return sends_; }
   const std::vector<recv_op>& recvs() const noexcept { return recvs_; }
   const std::vector<region>& finals() const noexcept { return finals_; }
@@ -138,12 +172,15 @@ class schedule {
   /// The heap bytes this schedule holds (what a cache of schedules counts).
   std::size_t memory_bytes() const noexcept {
     return sizeof(*this) + steps_.capacity() * sizeof(step) + copies_.capacity() * sizeof(copy_op) +
+           folds_.capacity() * sizeof(fold_op) + fold_srcs_.capacity() * sizeof(region) +
            sends_.capacity() * sizeof(send_op) + recvs_.capacity() * sizeof(recv_op) + finals_.capacity() * sizeof(region);
   }
   /// Releases the spare capacity of its arrays (a schedule about to be kept).
   void shrink() {
     steps_.shrink_to_fit();
     copies_.shrink_to_fit();
+    folds_.shrink_to_fit();
+    fold_srcs_.shrink_to_fit();
     sends_.shrink_to_fit();
     recvs_.shrink_to_fit();
     finals_.shrink_to_fit();
@@ -192,6 +229,8 @@ class schedule {
   }
   std::vector<step> steps_;
   std::vector<copy_op> copies_;
+  std::vector<fold_op> folds_;
+  std::vector<region> fold_srcs_;
   std::vector<send_op> sends_;
   std::vector<recv_op> recvs_;
   std::vector<region> finals_;
@@ -221,6 +260,12 @@ inline std::string describe(const schedule& s) {
     const std::string t = "  t" + std::to_string(st.time) + ": ";
     for (auto i = st.copies_begin; i < st.copies_end; ++i)
       o += t + "copy " + to_string(s.copies()[i].src) + " -> " + to_string(s.copies()[i].dst) + "\n";
+    for (auto i = st.folds_begin; i < st.folds_end; ++i) {
+      const fold_op& f = s.folds()[i];
+      o += t + "fold ";
+      for (const region& r : s.srcs_of(f)) o += (&r == s.srcs_of(f).data() ? "" : " (+) ") + to_string(r);
+      o += " -> " + to_string(f.dst) + "\n";
+    }
     for (auto i = st.sends_begin; i < st.sends_end; ++i)
       o += t + "send " + to_string(s.sends()[i].src) + " -> rank " + std::to_string(s.sends()[i].peer) + "\n";
     for (auto i = st.recvs_begin; i < st.recvs_end; ++i) {

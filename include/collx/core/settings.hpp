@@ -32,6 +32,10 @@ inline constexpr variable variables[] = {
     {"COLLX_AUTOTUNE", "0 or 1",
      "1: algo::automatic learns from its calls: a new shape's first calls try the model's closest candidates, timed, and the "
      "ranks keep the fastest (algo/automatic.hpp); default 0 (the model alone)"},
+    {"COLLX_DETERMINISTIC", "0 or 1",
+     "1: every all_reduce, reduce_scatter and reduce of floating-point elements gives the ranks' inputs reduced in rank order, "
+     "bit for bit the same whatever the policy, size, layout and transport (options::deterministic, algo/deterministic.hpp); "
+     "default 0"},
     {"COLLX_RANK", "integer", "this process's rank (with COLLX_WORLD_SIZE; wins over the launchers' variables)"},
     {"COLLX_WORLD_SIZE", "integer", "the job's rank count"},
     {"COLLX_LOCAL_RANK", "integer", "the rank among the job's ranks on this host; default COLLX_RANK"},

@@ -115,6 +115,9 @@ inline std::uint64_t chunk_for(std::size_t elem, std::uint64_t want) {
 
 /// Lowers rank's schedule `s` over `nranks` ranks for elements of `elem` bytes.
 inline plan lower(const schedule& s, int nranks, std::size_t elem, std::uint64_t chunk_want) {
+  if (!s.folds().empty())
+    throw std::invalid_argument("collx: the deterministic mode's folds (algo::deterministic) run on host transports; "
+                                "a device plan has none yet");
   plan p;
   p.elem = elem;
   p.chunk = chunk_for(elem, chunk_want);

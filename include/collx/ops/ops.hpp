@@ -85,6 +85,21 @@ struct premul_sum : sum {
   }
 };
 
+/// Op (sum by default; prod, avg, premul_sum) accumulated in A: where the deterministic mode
+/// reduces (algo/deterministic.hpp), every element's N contributions are converted to A, reduced
+/// there in rank order, and rounded to the element type once. `ops::accumulate_in<float>{}` sums
+/// half or bfloat16 in float (their default already), `ops::accumulate_in<double>{}` sums float
+/// in double. Elsewhere it reduces as Op does: a policy's step rounds each partial result to the
+/// element type it sends (docs/precision.md).
+template <class A, class Op = sum>
+struct accumulate_in : Op {
+  static_assert(std::is_floating_point_v<A>, "collx: ops::accumulate_in<A>: A is float or double (the accumulator of a floating sum)");
+  using accumulator = A;
+  using Op::Op;
+  constexpr accumulate_in() = default;
+  constexpr explicit accumulate_in(Op o) : Op(o) {}
+};
+
 struct band {
   using reduction_op_concept = reduction_op_tag;
   static constexpr const char* name = "band";
@@ -147,6 +162,28 @@ constexpr void make(F&&) {
 }  // namespace collx::ops
 
 namespace collx {
+namespace detail {
+template <class Op, class E>
+constexpr auto accumulator_pick() {
+  if constexpr (requires { typename Op::accumulator; }) return std::type_identity<typename Op::accumulator>{};
+  else return std::type_identity<compute_type_t<E>>{};
+}
+}  // namespace detail
+/// The type a fold (core/schedule.hpp: fold_op) reduces in: Op::accumulator where the op names
+/// one (ops::accumulate_in), float for half and bfloat16, else the element type itself.
+template <class Op, class E>
+using accumulator_t = typename decltype(detail::accumulator_pick<Op, E>())::type;
+
+/// True when a reduction with Op may give other bits in another order: sums, products and
+/// averages of floating-point elements, and a user's op (ops::make) over any type; never min,
+/// max or a bitwise op, nor integer arithmetic (exact modulo 2^bits in any order). What
+/// options::deterministic turns to algo::deterministic.
+template <class Op, class E>
+inline constexpr bool order_shows_v =
+    !std::is_same_v<Op, ops::min> && !std::is_same_v<Op, ops::max> && !std::is_same_v<Op, ops::band> &&
+    !std::is_same_v<Op, ops::bor> && !std::is_same_v<Op, ops::bxor> &&
+    (std::is_floating_point_v<E> || is_reduced_float_v<E> || (!std::is_base_of_v<ops::sum, Op> && !std::is_same_v<Op, ops::prod>));
+
 /// True when Op divides at the end (avg).
 template <class Op, class E>
 inline constexpr bool has_finalize_v = requires(const E& x) { Op::finalize(x, 1); };

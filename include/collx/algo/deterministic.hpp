@@ -1,0 +1,142 @@
+#pragma once
+// algo::deterministic<Inner> — reductions that can be reproduced bit for bit.
+//
+// Floating-point addition is not associative, so a reduction's result depends on the order it
+// adds in, and every other policy's order follows its structure: the ring adds block b starting
+// at rank b+1, the tree by subtrees, recursive halving by pairs; the order changes with the rank
+// count, the segment and the policy. Here every element's result is
+//   ((x_0 ⊕ x_1) ⊕ x_2) ⊕ ... ⊕ x_(N-1),
+// the N ranks' contributions in rank order, reduced in the op's accumulator type and rounded to
+// the element type once (ops.hpp: accumulator_t; ops::accumulate_in). It is the same on every
+// rank, for every Inner, segment and chunk size, fused layout and transport, and equal to a
+// serial loop that adds in rank order (tests/test_deterministic.cpp).
+//
+// reduce_scatter, by direct exchange: at step s = 1 .. N-1 rank r sends block r+s of its input
+// to its owner and receives rank r-s's contribution to its own block into scratch (all at once
+// when the blocks are small, as pairwise's all-gather); then one fold (core/schedule.hpp:
+// fold_op) reduces the N contributions in rank order. It sends and receives what the ring's
+// reduce-scatter does, (N-1)/N·D per rank, in N-1 steps (one for small blocks), and keeps
+// (N-1)/N·D of scratch per segment; every reduction happens once, on the block's owner.
+// all_reduce: that reduce-scatter, then Inner's all-gather (copies: exact in any order), in
+// segments as every composed all-reduce (algo/compose.hpp).
+// reduce: the reduce-scatter, then every block sent to the root (N-1 receives there at once).
+//
+// Inner picks the all-gather (ring, tree, recursive_halving, pairwise; automatic: the model's
+// choice, made per call in collectives/common.hpp and carried in `gather`, so one instantiation
+// serves every choice); the reduction never depends on it.
+#include <array>
+#include <cstddef>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "../core/concepts.hpp"
+#include "automatic.hpp"
+#include "policies.hpp"
+#include "problem.hpp"
+#include "tuning.hpp"
+
+namespace collx::algo {
+
+template <class Inner = automatic>
+struct deterministic {
+  using algorithm_policy_concept = algorithm_policy_tag;
+  static constexpr std::array<char, 48> name_chars = [] {
+    std::array<char, 48> b{};
+    const char* parts[] = {"deterministic(", Inner::name, ")"};
+    std::size_t at = 0;
+    for (const char* p : parts)
+      for (; *p != '\0' && at + 1 < b.size(); ++p) b[at++] = *p;
+    return b;
+  }();
+  static constexpr const char* name = name_chars.data();
+  static constexpr bool keeps_rank_order = true;  // the fold is in rank order, whatever the op
+  using inner_policy = Inner;
+
+  Inner inner{};
+  /// deterministic<automatic>: the all-gather's policy, chosen per call (collectives/common.hpp:
+  /// with_policy, the model's choice for the blocks); one of algo::policies that has one.
+  choice gather = choice(-1);
+
+  schedule reduce_scatter(const rs_problem& p) const {
+    schedule s;
+    direct_reduce_scatter(s, p.rank, p.size, p.blocks, p.src, p.result(), p.elem_size);
+    return s;
+  }
+
+  schedule all_gather(const ag_problem& p) const {
+    if constexpr (std::is_same_v<Inner, automatic>) {
+      schedule s;
+      bool built = false;
+      for_each_policy([&]<class P>() {
+        if constexpr (requires(const P& q) { q.all_gather(p); })
+          if (!built && gather == choice_of<P>) {
+            s = P{}.all_gather(p);
+            built = true;
+          }
+      });
+      return built ? std::move(s) : ring{}.all_gather(p);
+    } else {
+      return inner.all_gather(p);
+    }
+  }
+
+  schedule reduce(const reduce_problem& p) const {
+    schedule s;
+    const int n = p.size, r = p.rank;
+    const partition blocks(p.count, n);
+    const std::size_t slot = blocks.max_count();
+    // the root's block lands in its output; another rank's in scratch after the slots, to send
+    const region mine = r == p.root ? region{buf::out, blocks.offset(r), blocks.count(r)}
+                                    : region{buf::tmp, std::size_t(n - 1) * slot, blocks.count(r)};
+    if (r != p.root) s.need_tmp(std::size_t(n) * slot);
+    direct_reduce_scatter(s, r, n, blocks, buf::in, mine, p.elem_size);
+    if (n == 1) return s;
+    s.next_step();
+    if (r != p.root) {
+      s.send(p.root, mine);
+    } else {
+      for (int q = 0; q < n; ++q)
+        if (q != r) s.recv(q, {buf::out, blocks.offset(q), blocks.count(q)});
+    }
+    return s;
+  }
+
+  /// The direct reduce-scatter into `result`: block q of `src` to rank q, the contributions to
+  /// this rank's block into scratch slots (one per other rank, `slot` elements each, from
+  /// scratch element 0), then the fold in rank order.
+  static void direct_reduce_scatter(schedule& s, int r, int n, const partition& blocks, buf src, region result,
+                                    std::size_t elem_size) {
+    const region own{src, blocks.offset(r), blocks.count(r)};
+    if (n == 1) {
+      s.copy(result, own);
+      return;
+    }
+    const std::size_t slot = blocks.max_count();
+    s.need_tmp(std::size_t(n - 1) * slot);
+    auto from_slot = [&](int q) { return region{buf::tmp, std::size_t(q < r ? q : q - 1) * slot, blocks.count(r)}; };
+    const bool one_step = slot * elem_size <= tuning::a2a_one_step_bytes;
+    for (int st = 1; st < n; ++st) {
+      const int to = mod(r + st, n), from = mod(r - st, n);
+      if (one_step) s.at(0);
+      else s.next_step();
+      s.send(to, {src, blocks.offset(to), blocks.count(to)});
+      s.recv(from, from_slot(from));
+    }
+    s.next_step();
+    std::vector<region> in_order;
+    in_order.reserve(std::size_t(n));
+    for (int q = 0; q < n; ++q) in_order.push_back(q == r ? own : from_slot(q));
+    s.fold(result, in_order);
+  }
+};
+
+template <class A>
+inline constexpr bool is_deterministic_v = false;
+template <class Inner>
+inline constexpr bool is_deterministic_v<deterministic<Inner>> = true;
+/// deterministic<automatic>: its all-gather is chosen per call.
+template <class A>
+inline constexpr bool is_deterministic_automatic_v = std::is_same_v<A, deterministic<automatic>>;
+
+}  // namespace collx::algo
