@@ -59,6 +59,8 @@ torch_backend_tests() {
   # (2 and 3 ranks, ZeroRedundancyOptimizer included, run in test_collx_torch's components case)
   stage "the torch backend: DDP under torchrun at 4 ranks, gloo and collx, same data: losses step by step"
   /usr/bin/python3 python/examples/compare_ddp.py --np 4 --model mlp exact --steps 8 --quiet
+  stage "the torch backend: DDP with COLLX_DETERMINISTIC=1 at 2 and 3 ranks: the same parameter bits across bucket layouts and runs"
+  /usr/bin/python3 python/tests/ddp_deterministic.py --np 2 3 --steps 20
   # PyTorch's own suite: the tests that ran in the full run recorded in torch_tests_record.json
   # (./run.sh torch-tests runs all of them and rewrites it); the others are listed with the
   # reasons torch gave.

@@ -71,6 +71,8 @@ def main():
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--batch", type=int, default=0, help="per rank (default: 16, wide: 8)")
     p.add_argument("--zero", action="store_true", help="ZeroRedundancyOptimizer around Adam")
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP's bucket_cap_mb (default 25, DDP's)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the model's and its gradients' type")
     p.add_argument("--out", default="")
     a = p.parse_args()
     if a.backend == "collx":
@@ -78,9 +80,11 @@ def main():
     dist.init_process_group(a.backend, init_method="env://")
     rank, world = dist.get_rank(), dist.get_world_size()
     model, shape = build(a.model, 0)
+    dtype = getattr(torch, a.dtype)
+    model = model.to(dtype)
     # gradient_as_bucket_view: the gradients live in the buckets DDP all-reduces (no copy in and
     # out of them each step), as memory-conscious training sets it; the same for every backend
-    ddp = nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True)
+    ddp = nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True, bucket_cap_mb=a.bucket_cap_mb)
     nparams = sum(p.numel() for p in model.parameters())
     if a.zero:
         from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -93,6 +97,8 @@ def main():
     losses, times = [], []
     for step in range(a.steps):
         x, y = batch(a.model, shape, step, rank, size)
+        x = x.to(dtype) if x.is_floating_point() else x
+        y = y.to(dtype)
         t0 = time.perf_counter()
         opt.zero_grad()
         out = ddp(x)
@@ -102,7 +108,7 @@ def main():
         times.append(time.perf_counter() - t0)
         mean = loss.detach().clone()
         dist.all_reduce(mean)  # the mean loss over ranks, for the record (outside the timed step)
-        losses.append(mean.item() / world)
+        losses.append(float(mean.item()) / world)
     if a.zero:
         # every rank's copy of the model must be the same after the sharded steps
         flat = torch.cat([p.detach().flatten() for p in model.parameters()])
@@ -110,8 +116,12 @@ def main():
         dist.broadcast(ref, 0)
         if not torch.equal(flat, ref):
             raise SystemExit(f"rank {rank}: parameters differ from rank 0's after ZeroRedundancyOptimizer steps")
+    # the parameters' bytes, to compare runs bit for bit (ddp_deterministic.py)
+    import hashlib
+    digest = hashlib.sha256(b"".join(p.detach().contiguous().view(torch.uint8).numpy().tobytes() for p in model.parameters())).hexdigest()
     if rank == 0:
-        rec = dict(backend=a.backend, world=world, model=a.model, params=nparams, zero=a.zero, losses=losses, step_times=times)
+        rec = dict(backend=a.backend, world=world, model=a.model, params=nparams, zero=a.zero, losses=losses, step_times=times,
+                   params_sha256=digest, bucket_cap_mb=a.bucket_cap_mb, dtype=a.dtype)
         if a.out:
             with open(a.out, "w") as f:
                 json.dump(rec, f)

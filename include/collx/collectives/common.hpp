@@ -424,11 +424,20 @@ void with_policy(const Algo& a, communicator<T>& comm, std::size_t count, call_i
       });
     }
   } else if constexpr (algo::is_deterministic_automatic_v<Algo> && C == algo::collective::all_reduce) {
-    // deterministic<automatic>: the all-gather the model would run for these blocks (the
-    // reduction is the same whichever it is)
-    const std::size_t n = std::size_t(comm.size()), per = count / n + (count % n != 0);
+    // deterministic<automatic>: the all-gather of the policy automatic would run this
+    // all_reduce with, where it has one (the same all-gather as outside the mode); else the
+    // model's all-gather for the blocks of one segment (the reduction is the same whichever)
     Algo d = a;
-    if (d.gather == algo::choice(-1)) d.gather = automatic_choice(comm, algo::collective::all_gather, per, sizeof(E), true, call);
+    if (d.gather == algo::choice(-1)) {
+      const algo::choice whole = automatic_choice(comm, C, count, sizeof(E), is_commutative_v<Op>, call);
+      if (model::supports(whole, algo::collective::all_gather, true)) {
+        d.gather = whole;
+      } else {
+        const std::size_t seg = algo::tuning::all_reduce_segment(count, sizeof(E));
+        const std::size_t n = std::size_t(comm.size()), per = seg / n + (seg % n != 0);
+        d.gather = automatic_choice(comm, algo::collective::all_gather, per, sizeof(E), true, call);
+      }
+    }
     f(d);
   } else {
     f(a);
