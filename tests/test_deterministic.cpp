@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include <collx/algo/order.hpp>
+#include <collx/transport/planned.hpp>
 
 #include "harness.hpp"
 
@@ -115,6 +116,15 @@ TEST_CASE("the inputs make the order of addition show: rank order and reverse or
     }
     CAPTURE(n, differ);
     CHECK(differ > 100);
+  }
+  // and the accumulator shows: float summed in double, rounded once, differs from float's sum
+  {
+    const auto in_float = rank_order<float>(collx::ops::sum{}, 8, 1001);
+    const auto in_double = rank_order<float>(collx::ops::accumulate_in<double>{}, 8, 1001);
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < in_float.size(); ++i) differ += in_float[i] != in_double[i];
+    CAPTURE(differ);
+    CHECK(differ > 10);
   }
   // and the ring, the tree and recursive halving do add in other orders
   for (int n : {5, 8}) {
@@ -225,6 +235,13 @@ TEST_CASE("options::deterministic (COLLX_DETERMINISTIC=1): every policy's floati
       each("tree", algo::tree{});
       each("recursive_halving", algo::recursive_halving{});
       each("automatic", algo::automatic{});
+      // reduce_scatter too
+      const auto whole = rank_order<float>(collx::ops::sum{}, n, count * std::size_t(n));
+      const auto rin = values<float, collx::ops::sum>(r, count * std::size_t(n));
+      std::vector<float> part(count);
+      collx::reduce_scatter(comm, std::span<const float>{rin}, std::span{part}, collx::ops::sum{}, algo::ring{});
+      const std::vector<float> mine(whole.begin() + std::ptrdiff_t(count * std::size_t(r)), whole.begin() + std::ptrdiff_t(count * std::size_t(r + 1)));
+      if (auto d = compare(part, mine); !d.empty()) note("reduce_scatter, ring: " + d);
       // (recursive_doubling has no reduce: its all_reduce alone)
       std::vector<float> v = in;
       collx::all_reduce(comm, std::span{v}, collx::ops::sum{}, algo::recursive_doubling{});
@@ -267,6 +284,11 @@ TEST_CASE("the order each policy adds in, read off its schedules: deterministic'
     const std::size_t count = std::size_t(n) * 3 + 1;  // uneven blocks
     for (const auto& got : orders(algo::deterministic<algo::ring>{}, {collx::algo::collective::all_reduce, n, count}, count, count))
       for (const auto& e : got) CHECK(e == want);
+    // blocks past tuning::a2a_one_step_bytes: the exchange in N-1 steps (elements of 64 MiB, on symbols)
+    for (const auto& got : orders(algo::deterministic<algo::ring>{}, {collx::algo::collective::all_reduce, n, count, std::size_t(1) << 26}, count, count))
+      for (const auto& e : got) CHECK(e == want);
+    const auto steps = model::schedules(algo::deterministic<algo::ring>{}, {collx::algo::collective::reduce_scatter, n, 1, std::size_t(1) << 26});
+    CHECK(int(steps[0].steps().size()) == (n > 1 ? n : 1));  // N-1 exchanges, then the fold
     for (const auto& got : orders(algo::deterministic<algo::pairwise>{}, {collx::algo::collective::reduce_scatter, n, 3}, 3 * std::size_t(n), 3))
       for (const auto& e : got) CHECK(e == want);
     const auto red = orders(algo::deterministic<>{}, {collx::algo::collective::reduce, n, count, 4, n - 1}, count, count);
@@ -277,6 +299,24 @@ TEST_CASE("the order each policy adds in, read off its schedules: deterministic'
       CHECK(ring[0][0] != want);
       CHECK(ring[0][std::size_t(n - 1)] == want);
       if (n == 4) CHECK(ring[0][0] == "((x1 + x2) + x3) + x0");  // block 0 from rank 1 on
+    }
+  }
+}
+
+TEST_CASE("deterministic on a transport that runs whole schedules fails at once, naming the mode, on every rank", "[deterministic][errors]") {
+  for (int n : {1, 3}) {
+    std::vector<std::string> what(static_cast<std::size_t>(n));
+    collx::launch_threads<collx::transport::planned>(n, [&](auto& comm) {
+      std::vector<float> v(17, 1.0f);
+      try {
+        collx::all_reduce(comm, std::span{v}, collx::ops::sum{}, algo::deterministic<>{});
+      } catch (const collx::error& e) {
+        what[std::size_t(comm.rank())] = e.what();
+      }
+    });
+    for (const auto& w : what) {
+      CAPTURE(n, w);
+      CHECK_THAT(w, Catch::Contains("deterministic mode runs on host transports"));
     }
   }
 }

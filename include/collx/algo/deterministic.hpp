@@ -131,6 +131,17 @@ struct deterministic {
   }
 };
 
+/// The name of deterministic<P> where `gather` is P's choice: what a call in the mode runs, as
+/// its signature names it (deterministic(automatic) while the all-gather is not yet chosen).
+inline const char* deterministic_name(choice gather) {
+  const char* name = deterministic<>::name;
+  for_each_policy([&]<class P>() {
+    if constexpr (requires(const P& q, const ag_problem& p) { q.all_gather(p); })
+      if (gather == choice_of<P>) name = deterministic<P>::name;
+  });
+  return name;
+}
+
 template <class A>
 inline constexpr bool is_deterministic_v = false;
 template <class Inner>

@@ -508,6 +508,11 @@ struct two_level {
   static void append_step(schedule& s, const schedule& x, std::size_t i, const std::vector<int>& ranks, const placement& at) {
     const step& st = x.steps()[i];
     for (auto c = st.copies_begin; c < st.copies_end; ++c) s.copy(at(x.copies()[c].dst), at(x.copies()[c].src));
+    for (auto c = st.folds_begin; c < st.folds_end; ++c) {
+      std::vector<region> srcs;
+      for (const region& r : x.srcs_of(x.folds()[c])) srcs.push_back(at(r));
+      s.fold(at(x.folds()[c].dst), srcs);
+    }
     for (auto c = st.sends_begin; c < st.sends_end; ++c) s.send(ranks[std::size_t(x.sends()[c].peer)], at(x.sends()[c].src));
     for (auto c = st.recvs_begin; c < st.recvs_end; ++c) {
       const recv_op& r = x.recvs()[c];

@@ -355,6 +355,9 @@ algo::choice automatic_choice(communicator<T>& comm, algo::collective c, std::si
 template <class Op, algo::collective C, class E, class Algo, class T, class F>
 void with_policy(const Algo& a, communicator<T>& comm, std::size_t count, call_info& call, F&& f) {
   if (skip_if_empty(comm, call)) return;
+  if constexpr (algo::is_deterministic_v<Algo> && RunsSchedules<T>)  // (before any traffic: every rank alike)
+    call.fail(errc::invalid_argument, "the deterministic mode runs on host transports: this transport runs whole schedules "
+                                      "(device plans), which do not fold yet");
   constexpr bool reducing = C == algo::collective::all_reduce || C == algo::collective::reduce_scatter || C == algo::collective::reduce;
   if constexpr (reducing && !algo::is_deterministic_v<Algo> && !std::is_same_v<Op, no_op>) {
     if constexpr (order_shows_v<Op, E>) {
@@ -367,8 +370,10 @@ void with_policy(const Algo& a, communicator<T>& comm, std::size_t count, call_i
         if constexpr (algo::detail::index_in<Algo>(algo::policies{}) >= 0 &&
                       requires(const algo::ag_problem& p) { a.all_gather(p); })
           d.gather = algo::choice_of<Algo>;
-        set_name(call.sig.policy, decltype(d)::name);
-        if (call.rec != nullptr) call.rec->policy = decltype(d)::name;
+        // (the name says which all-gather will run, so ranks that passed different policies
+        // fail as a mismatch)
+        set_name(call.sig.policy, algo::deterministic_name(d.gather));
+        if (call.rec != nullptr) call.rec->policy = algo::deterministic_name(d.gather);
         return with_policy<Op, C, E>(d, comm, count, call, std::forward<F>(f));
       }
     }
@@ -427,17 +432,21 @@ void with_policy(const Algo& a, communicator<T>& comm, std::size_t count, call_i
     // deterministic<automatic>: the all-gather of the policy automatic would run this
     // all_reduce with, where it has one (the same all-gather as outside the mode); else the
     // model's all-gather for the blocks of one segment (the reduction is the same whichever)
+    // (commutative: the mode keeps rank order whatever the op, so a COLLX_ALGO ring applies)
     Algo d = a;
     if (d.gather == algo::choice(-1)) {
-      const algo::choice whole = automatic_choice(comm, C, count, sizeof(E), is_commutative_v<Op>, call);
-      if (model::supports(whole, algo::collective::all_gather, true)) {
+      const algo::choice whole = automatic_choice(comm, C, count, sizeof(E), true, call);
+      if (std::size_t(std::uint8_t(whole)) < algo::policies::size && model::supports(whole, algo::collective::all_gather, true)) {
         d.gather = whole;
-      } else {
+      } else {  // (recursive doubling; two_level on several nodes)
         const std::size_t seg = algo::tuning::all_reduce_segment(count, sizeof(E));
         const std::size_t n = std::size_t(comm.size()), per = seg / n + (seg % n != 0);
         d.gather = automatic_choice(comm, algo::collective::all_gather, per, sizeof(E), true, call);
+        if (std::size_t(std::uint8_t(d.gather)) >= algo::policies::size) d.gather = algo::choice_of<algo::ring>;
       }
     }
+    set_name(call.sig.policy, algo::deterministic_name(d.gather));
+    if (call.rec != nullptr) call.rec->policy = algo::deterministic_name(d.gather);
     f(d);
   } else {
     f(a);

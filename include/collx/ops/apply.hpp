@@ -41,17 +41,22 @@ inline void fold_into(const Op& op, E* dst, std::span<const E* const> src, std::
   using A = accumulator_t<Op, E>;
   static_assert(std::is_convertible_v<E, A> && std::is_constructible_v<E, A>,
                 "collx: a fold accumulates in the op's accumulator type, which must convert from and to the element type");
+  static_assert(!is_reduced_float_v<E> || !std::is_floating_point_v<A> || std::is_same_v<A, float>,
+                "collx: half and bfloat16 accumulate in float (ops::accumulate_in<float>): they convert through float, so a "
+                "double accumulator would round twice");
+  static_assert(!std::is_floating_point_v<E> || sizeof(A) >= sizeof(E),
+                "collx: the accumulator is at least as wide as the element type (ops::accumulate_in<double> for double)");
   constexpr std::size_t kBlock = 256;
   A acc[kBlock];
   for (std::size_t i0 = 0; i0 < n; i0 += kBlock) {
     const std::size_t m = std::min(kBlock, n - i0);
-    const E* __restrict s0 = src[0] + i0;
+    const E* s0 = src[0] + i0;  // (dst may be this source: in place; a block is read before it is written)
     for (std::size_t j = 0; j < m; ++j) acc[j] = A(s0[j]);
     for (std::size_t k = 1; k < src.size(); ++k) {
       const E* __restrict sk = src[k] + i0;
       for (std::size_t j = 0; j < m; ++j) acc[j] = op(acc[j], A(sk[j]));
     }
-    E* __restrict d = dst + i0;
+    E* d = dst + i0;
     for (std::size_t j = 0; j < m; ++j) d[j] = E(acc[j]);
   }
 }

@@ -163,14 +163,20 @@ constexpr void make(F&&) {
 
 namespace collx {
 namespace detail {
+template <class Op>
+inline constexpr bool is_user_op_v = false;
+template <class F, bool C>
+inline constexpr bool is_user_op_v<ops::function<F, C>> = true;
 template <class Op, class E>
 constexpr auto accumulator_pick() {
   if constexpr (requires { typename Op::accumulator; }) return std::type_identity<typename Op::accumulator>{};
+  else if constexpr (is_user_op_v<Op>) return std::type_identity<E>{};  // (a user's op takes its own element type)
   else return std::type_identity<compute_type_t<E>>{};
 }
 }  // namespace detail
 /// The type a fold (core/schedule.hpp: fold_op) reduces in: Op::accumulator where the op names
-/// one (ops::accumulate_in), float for half and bfloat16, else the element type itself.
+/// one (ops::accumulate_in), float for half and bfloat16 under the built-in ops, else the
+/// element type itself (a user's op always).
 template <class Op, class E>
 using accumulator_t = typename decltype(detail::accumulator_pick<Op, E>())::type;
 
