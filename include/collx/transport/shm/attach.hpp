@@ -158,8 +158,11 @@ inline void shm::create(std::chrono::steady_clock::time_point deadline) {
   if (int e = shm_detail::reserve(fd.f, head); e != 0) {
     const auto sp = shm_detail::space_of(fd.f);
     shm_unlink(name_.c_str());
+    // (the same message, and fix, as when the rest does not fit: which of the two a full
+    // /dev/shm trips over is chance, e.g. in nested splits)
     throw error(errc::transport_error, who() + ": /dev/shm is full: not even the segment's header (" + shm_detail::human_bytes(head) +
-                                           ") fits (" + std::strerror(e) + "; " + shm_detail::human_bytes(sp.free) + " free)");
+                                           ") fits; " +
+                                           shm_detail::does_not_fit(n_, bytes, L_.area_bytes(), sp, e, L_.slots, L_.slot_bytes));
   }
   shm_detail::mapping hm;
   if (!hm.map(fd.f, head)) fail_unlink("cannot map the segment's header");
