@@ -11,6 +11,7 @@
 #include <collx/transport/planned.hpp>
 
 #include "harness.hpp"
+#include "precision.hpp"
 
 using namespace collx_test;
 namespace algo = collx::algo;
@@ -100,6 +101,25 @@ std::vector<std::size_t> det_counts(int n) {
   auto v = counts_for(n);
   v.push_back(1001);
   return v;
+}
+
+/// One all_reduce of input<E>() under `a` at n ranks, each rank's result measured against the
+/// exact sums. `one_rounding`: every rank notes an element more than 0.5 ulp off or not correctly
+/// rounded. Rank 0's error lands in *err (ranks as threads).
+template <class E, class Op, class L = threads, class Algo>
+std::string measured(int n, std::size_t count, Algo a, bool one_rounding, collx_precision::error* err = nullptr, Op op = {}) {
+  const auto exact = collx_precision::exact_sums<E>(n, count);
+  return run_checked<L>(n, [&](auto& comm, auto note) {
+    std::vector<E> v(count);
+    for (std::size_t i = 0; i < count; ++i) v[i] = collx_precision::input<E>(comm.rank(), i);
+    collx::all_reduce(comm, std::span{v}, op, a);
+    collx_precision::error e;
+    e.add(v.data(), exact, count);
+    if (one_rounding && (e.max_ulp > 0.5 || e.wrong != 0))
+      note("max error " + std::to_string(e.max_ulp) + " ulp (element " + std::to_string(e.worst) + "), " +
+           std::to_string(e.wrong) + " of " + std::to_string(e.n()) + " not correctly rounded");
+    if (err != nullptr && comm.rank() == 0) *err = e;
+  });
 }
 
 }  // namespace
@@ -318,5 +338,33 @@ TEST_CASE("deterministic on a transport that runs whole schedules fails at once,
       CAPTURE(n, w);
       CHECK_THAT(w, Catch::Contains("deterministic mode runs on host transports"));
     }
+  }
+}
+
+TEST_CASE("one rounding: half and bfloat16 summed in float, float in double, are within 0.5 ulp of the exact sum at 2 to 64 ranks",
+          "[deterministic][precision]") {
+  // (the inputs' sums are exact in the accumulator: tests/precision.hpp; so the mode's result must
+  // be the exact sum correctly rounded, on every element)
+  const std::size_t count = 4099;
+  for (int n : {2, 3, 4, 5, 7, 8, 13, 16, 31, 32, 33, 64}) {
+    CAPTURE(n);
+    CHECK(measured<collx::bfloat16, collx::ops::sum>(n, count, algo::deterministic<>{}, true) == "");
+    CHECK(measured<collx::half, collx::ops::sum>(n, count, algo::deterministic<algo::pairwise>{}, true) == "");
+    CHECK(measured<float, collx::ops::accumulate_in<double>>(n, count, algo::deterministic<>{}, true) == "");
+  }
+  // over shared memory and tcp
+  for (int n : {3, 5}) {
+    CAPTURE(n);
+    CHECK(measured<collx::bfloat16, collx::ops::sum, processes>(n, count, algo::deterministic<>{}, true) == "");
+    CHECK(measured<collx::bfloat16, collx::ops::sum, processes_tcp>(n, count, algo::deterministic<algo::ring>{}, true) == "");
+  }
+  // and the bound can fail: the ring rounds to bfloat16 after every step, so at 8 ranks and up
+  // its error passes 0.5 ulp (collx-precision prints each policy's)
+  for (int n : {8, 64}) {
+    CAPTURE(n);
+    collx_precision::error ring;
+    CHECK(measured<collx::bfloat16, collx::ops::sum>(n, count, algo::ring{}, false, &ring) == "");
+    CHECK(ring.max_ulp > 0.5);
+    CHECK(ring.wrong > count / 10);
   }
 }

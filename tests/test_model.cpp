@@ -564,7 +564,7 @@ TEST_CASE("COLLX_AUTOTUNE: off unless 1, with or without a calibration, and anyt
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("COLLX_AUTOTUNE over shm: processes take the same turns and the same verdict at every size", "[model][automatic]") {
+TEST_CASE("COLLX_AUTOTUNE over shm: processes take the same turns and the same verdict at every size", "[model][automatic][processes]") {
   const scoped_env on("COLLX_AUTOTUNE", "1");
   for (int n : {3, 4}) {
     collx::launch_processes(n, [n](auto& comm) {

@@ -10,43 +10,50 @@
 namespace collx {
 
 namespace detail {
+/// all_reduce with the concrete policy `pol` (a function of its own, not with_policy's lambda: so
+/// a policy that automatic chooses and the same policy named by the caller share one
+/// instantiation).
+template <class T, class E, class Op, class Bufs, class P>
+void all_reduce_with(communicator<T>& comm, const call_info& call, const Bufs& b, std::size_t count, const Op& op,
+                     const P& pol) {
+  static_assert(check_reducing<E, Op, P>());
+  const buf src = b.in_place() ? buf::out : buf::in;
+  const algo::ar_problem p{comm.rank(), comm.size(), count, sizeof(E), is_commutative_v<Op>, src};
+  if constexpr (requires(const algo::ar_problem& q, const node_map& m) { pol.all_reduce(q); } ||
+                requires(const algo::ar_problem& q, const node_map& m) { pol.all_reduce(q, m); }) {
+    // The policy's own all-reduce (over the communicator's node map for a node-aware one: the
+    // map is the communicator's for its life, so not in the key).
+    const auto s = cached(comm, pol, p, [&] {
+          schedule x = plan(comm, [&](const auto&... m) -> decltype(pol.all_reduce(p, m...)) { return pol.all_reduce(p, m...); });
+          x.finalize({buf::out, 0, count});
+          return x;
+        });
+    execute<T, E>(comm, call, *s, b, op);
+  } else {
+    // Reduce-scatter + all-gather, per segment for a large buffer (algo/compose.hpp): every
+    // segment but the last has the same schedule, so two are built, and each segment runs
+    // as its own schedule on its part of the buffer; avg divides once, at the end.
+    const std::size_t seg = algo::tuning::all_reduce_segment(count, sizeof(E));
+    auto segment = [&](std::size_t len) {
+      const algo::ar_problem q{p.rank, p.size, len, p.elem_size, p.commutative, src};
+      return cached</*composed segment*/ 1>(comm, pol, q, [&] { return algo::composed_segment(pol, q); });
+    };
+    const auto full = segment(std::min(seg, count));
+    for (std::size_t off = 0; off < count; off += seg) {
+      const std::size_t len = std::min(seg, count - off);
+      if (len == std::min(seg, count)) execute<T, E>(comm, call, *full, b + off, op);
+      else execute<T, E>(comm, call, *segment(len), b + off, op);
+    }
+    if constexpr (has_finalize_v<Op, E>) finalize_all<E, Op>(comm, b, count);
+  }
+}
+
 /// Over two pointers (flat_buffers) or a fused batch's pieces (spread_buffers: features/fuse.hpp).
 template <class T, class E, class Op, class Algo, class Bufs>
 void all_reduce_impl(communicator<T>& comm, call_info& call, const Bufs& given, std::size_t count, Op op, Algo a) {
   const Bufs b = prescaled<E>(comm, op, given, count);  // (premul_sum: this rank's input scaled)
-  const buf src = b.in_place() ? buf::out : buf::in;
-  with_policy<Op, algo::collective::all_reduce, E>(a, comm, count, call, [&](const auto& pol) {
-    using P = std::decay_t<decltype(pol)>;
-    static_assert(check_reducing<E, Op, P>());
-    const algo::ar_problem p{comm.rank(), comm.size(), count, sizeof(E), is_commutative_v<Op>, src};
-    if constexpr (requires(const algo::ar_problem& q, const node_map& m) { pol.all_reduce(q); } ||
-                  requires(const algo::ar_problem& q, const node_map& m) { pol.all_reduce(q, m); }) {
-      // The policy's own all-reduce (over the communicator's node map for a node-aware one: the
-      // map is the communicator's for its life, so not in the key).
-      const auto s = cached(comm, pol, p, [&] {
-            schedule x = plan(comm, [&](const auto&... m) -> decltype(pol.all_reduce(p, m...)) { return pol.all_reduce(p, m...); });
-            x.finalize({buf::out, 0, count});
-            return x;
-          });
-      execute<T, E>(comm, call, *s, b, op);
-    } else {
-      // Reduce-scatter + all-gather, per segment for a large buffer (algo/compose.hpp): every
-      // segment but the last has the same schedule, so two are built, and each segment runs
-      // as its own schedule on its part of the buffer; avg divides once, at the end.
-      const std::size_t seg = algo::tuning::all_reduce_segment(count, sizeof(E));
-      auto segment = [&](std::size_t len) {
-        const algo::ar_problem q{p.rank, p.size, len, p.elem_size, p.commutative, src};
-        return cached</*composed segment*/ 1>(comm, pol, q, [&] { return algo::composed_segment(pol, q); });
-      };
-      const auto full = segment(std::min(seg, count));
-      for (std::size_t off = 0; off < count; off += seg) {
-        const std::size_t len = std::min(seg, count - off);
-        if (len == std::min(seg, count)) execute<T, E>(comm, call, *full, b + off, op);
-        else execute<T, E>(comm, call, *segment(len), b + off, op);
-      }
-      if constexpr (has_finalize_v<Op, E>) finalize_all<E, Op>(comm, b, count);
-    }
-  });
+  with_policy<Op, algo::collective::all_reduce, E>(
+      a, comm, count, call, [&](const auto& pol) { all_reduce_with<T, E>(comm, call, b, count, op, pol); });
 }
 }  // namespace detail
 

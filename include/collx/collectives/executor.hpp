@@ -350,21 +350,23 @@ schedule plan(communicator<T>& comm, Make&& make) {
 template <class Policy, class Problem, int Variant>
 inline char schedule_kind = 0;
 
-/// The cached schedule of `pol` for problem `p`, built by `build` when not cached. The key is
-/// every field of the policy and of the problem (comm/schedule_cache.hpp: add_fields), and
-/// `Variant` tells apart two schedules one policy builds for one problem type. The pointer is
-/// good until two more schedules have been got from comm (comm/schedule_cache.hpp).
-template <int Variant = 0, class Policy, class Problem, class T, class Build>
-const schedule* cached(communicator<T>& comm, const Policy& pol, const Problem& p, Build&& build) {
-  typename communicator<T>::schedule_key k;
+/// The key of `pol`'s schedule for problem `p`: every field of the policy and of the problem
+/// (comm/schedule_cache.hpp: add_fields), and `Variant`, which tells apart two schedules one policy
+/// builds for one problem type. (Not a template of the transport or the caller's builder.)
+template <int Variant, class Policy, class Problem>
+schedule_key key_of(const Policy& pol, const Problem& p) {
+  schedule_key k;
   k.kind = &schedule_kind<Policy, Problem, Variant>;
   add_fields(k, pol);
   add_fields(k, p);
-  return comm.cached_schedule(k, [&] {
-    schedule s = build();
-    s.shrink();
-    return s;
-  });
+  return k;
+}
+
+/// The cached schedule of `pol` for problem `p`, built by `build` when not cached. The pointer is
+/// good until two more schedules have been got from comm (comm/schedule_cache.hpp).
+template <int Variant = 0, class Policy, class Problem, class T, class Build>
+const schedule* cached(communicator<T>& comm, const Policy& pol, const Problem& p, Build&& build) {
+  return comm.schedules().get(key_of<Variant>(pol, p), build);
 }
 
 /// avg's division over out[0, count), once every segment of an all_reduce has run.

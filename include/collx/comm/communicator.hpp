@@ -138,7 +138,7 @@ class communicator {
   /// build() when not there: good until two more have been got (comm/schedule_cache.hpp).
   template <class Build>
   const schedule* cached_schedule(const schedule_key& k, Build&& build) {
-    return s_->cache.get(k, std::forward<Build>(build));
+    return s_->cache.get(k, build);
   }
   detail::schedule_cache& schedules() noexcept { return s_->cache; }
 

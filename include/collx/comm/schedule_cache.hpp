@@ -124,11 +124,13 @@ class schedule_cache {
 
   explicit schedule_cache(std::size_t budget = default_budget()) : budget_(budget) {}
 
-  /// The schedule of `k`, built by `build()` when not cached. Good until two more gets have
-  /// come after this one (the two most recent are never evicted; so a schedule larger than the
-  /// whole budget stays until two others have come after it).
-  template <class Build>
-  const schedule* get(const schedule_key& k, Build&& build) {
+  /// The schedule of `k`, built by `build(ctx)` when not cached, and kept shrunk to its size.
+  /// Good until two more gets have come after this one (the two most recent are never evicted;
+  /// so a schedule larger than the whole budget stays until two others have come after it).
+  /// The builder is a plain function and a context, not a template parameter: this is compiled
+  /// once, not once for every collective x element type x op x policy that calls it.
+  using builder = schedule (*)(void* ctx);
+  const schedule* get(const schedule_key& k, builder build, void* ctx) {
     if (!lru_.empty() && lru_.front().key == k) {  // the same shape again: the common case
       ++hits_;
       return lru_.front().s.get();
@@ -139,13 +141,20 @@ class schedule_cache {
       return lru_.front().s.get();
     }
     ++misses_;
-    auto s = std::make_unique<const schedule>(build());
+    schedule built = build(ctx);
+    built.shrink();
+    auto s = std::make_unique<const schedule>(std::move(built));
     const std::size_t b = s->memory_bytes();
     lru_.push_front({k.kept(), std::move(s), b});
     index_.emplace(lru_.front().key, lru_.begin());
     bytes_ += b;
     evict(2);
     return lru_.front().s.get();
+  }
+  /// The same, with any callable returning a schedule.
+  template <class Build>
+  const schedule* get(const schedule_key& k, Build& build) {
+    return get(k, [](void* c) -> schedule { return (*static_cast<Build*>(c))(); }, static_cast<void*>(&build));
   }
 
   std::size_t bytes() const noexcept { return bytes_; }
