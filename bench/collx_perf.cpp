@@ -208,6 +208,9 @@ constexpr bool runs() {
 template <class A, collx::algo::collective K>
 inline constexpr bool runs_v = runs<A, K>();
 
+/// --wire: all_reduce of float (sum, avg) as algo::compressed<wire::bf16> (1) or <wire::mxfp8> (2).
+int g_wire = 0;
+
 struct all_reduce_c {
   static constexpr const collx::algo::collective_traits& t = collx::algo::traits(collx::algo::collective::all_reduce);
   static constexpr const char* name = t.name;
@@ -224,6 +227,10 @@ struct all_reduce_c {
   }
   template <class S, class Op, class A>
   static void call(comm_t& c, std::span<const S> in, std::span<S> out, int) {
+    if constexpr (std::is_same_v<S, float> && (std::is_same_v<Op, collx::ops::sum> || std::is_same_v<Op, collx::ops::avg>)) {
+      if (g_wire == 1) return collx::all_reduce(c, in, out, Op{}, collx::algo::compressed<collx::wire::bf16>{});
+      if (g_wire == 2) return collx::all_reduce(c, in, out, Op{}, collx::algo::compressed<collx::wire::mxfp8>{});
+    }
     collx::all_reduce(c, in, out, Op{}, A{});
   }
   template <class S, class V>
@@ -1004,6 +1011,8 @@ void usage(std::FILE* f) {
                "  -o, --redop OP             %s (default sum; ignored by collectives that do not reduce)\n"
                "  -r, --root R               root of broadcast and reduce (default 0)\n"
                "%s"
+               "  --wire bf16|mxfp8          all_reduce of float with its data on the wire as bf16 or MXFP8,\n"
+               "                             summed in float (algo::compressed; with --algo ring, no check)\n"
                "  --transport threads|shm|tcp  ranks as threads of this process, or as forked processes over\n"
                "                             POSIX shared memory (transport::shm) or TCP on 127.0.0.1\n"
                "                             (transport::tcp, rank 0 serving the rendezvous store)\n"
@@ -1082,7 +1091,12 @@ config parse(int argc, char** argv) {
     else if (a == "--waits") cfg.waits = true;
     else if (a == "--dump") cfg.dump = value();
     else if (a == "--transport") cfg.transport = value();
-    else return false;
+    else if (a == "--wire") {
+      const std::string w = value();
+      if (w == "bf16") g_wire = 1;
+      else if (w == "mxfp8") g_wire = 2;
+      else throw usage_error("--wire expects bf16 or mxfp8, got '" + w + "'");
+    } else return false;
     return true;
   });
   if (const collx::transport_entry* t = collx::find_transport(cfg.transport); t != nullptr && t->ranks == collx::rank_kind::mpi)
@@ -1108,6 +1122,12 @@ config parse(int argc, char** argv) {
     bool np = false;
     for (int i = 1; i < argc; ++i) np = np || std::string_view(argv[i]) == "-np" || std::string_view(argv[i]).rfind("--nranks", 0) == 0;
     if (!np) cfg.ranks = 2;
+  }
+  if (g_wire != 0) {
+    if (cfg.op != "all_reduce" || cfg.dtype != "float" || (cfg.redop != "sum" && cfg.redop != "avg") || cfg.algo != "ring")
+      throw usage_error("--wire compresses an all_reduce of float (sum or avg): --op all_reduce -d float --algo ring "
+                        "(algo::compressed's all-gather)");
+    cfg.check = false;  // (lossy: tests/test_compressed.cpp checks its results against their bounds)
   }
   if (cfg.root >= cfg.group())
     throw usage_error("-r " + std::to_string(cfg.root) + " is not a rank of [0, " + std::to_string(cfg.group()) + ")");

@@ -48,8 +48,10 @@ struct flags {
   double budget_s = 0.25;  // per size, policy and repetition, at most
 };
 
-const char* const kPolicies[] = {"two_level", "ring", "recursive_halving", "tree", "recursive_doubling", "automatic"};
-constexpr int kP = 6;
+// (then algo::compressed's all_reduce, its data on the wire as bf16 and as MXFP8: all_reduce only)
+const char* const kPolicies[] = {"two_level", "ring", "recursive_halving", "tree", "recursive_doubling", "automatic",
+                                 "compressed(bf16)", "compressed(mxfp8)"};
+constexpr int kP = 8, kAutomatic = 5;
 
 template <class F>
 void with_policy(int k, F&& f) {
@@ -59,7 +61,9 @@ void with_policy(int k, F&& f) {
     case 2: return f(algo::recursive_halving{});
     case 3: return f(algo::tree{});
     case 4: return f(algo::recursive_doubling{});
-    default: return f(algo::automatic{});
+    case kAutomatic: return f(algo::automatic{});
+    case 6: return f(algo::compressed<collx::wire::bf16>{});
+    default: return f(algo::compressed<collx::wire::mxfp8>{});
   }
 }
 
@@ -73,7 +77,7 @@ bool call(Comm& comm, const std::string& coll, std::vector<float>& buf, std::vec
     collx::all_reduce(comm, std::span{buf}, collx::ops::sum{}, pol);
     return true;
   }
-  if constexpr (!std::is_same_v<P, algo::recursive_doubling>) {
+  if constexpr (!std::is_same_v<P, algo::recursive_doubling> && !algo::is_compressed_v<P>) {
     if (coll == "reduce_scatter") collx::reduce_scatter(comm, std::span<const float>{all}, mine, collx::ops::sum{}, pol);
     else if (coll == "all_gather") collx::all_gather(comm, std::span<const float>{mine}, all, pol);
     else if (coll == "broadcast") collx::broadcast(comm, std::span{buf}, 0, pol);
@@ -93,7 +97,7 @@ void run(Comm& comm, const flags& fl) {
                 fl.coll == "all_gather" || fl.coll == "broadcast" ? "" : " sum");
     std::printf("%12s", "bytes");
     for (const char* p : kPolicies) std::printf(" %19s", p);
-    std::printf("   best flat / two_level   automatic / best\n");
+    std::printf("   best flat / two_level   automatic / best   best flat / compressed(bf16), (mxfp8)\n");
   }
   for (std::size_t bytes = fl.min_bytes; bytes <= fl.max_bytes; bytes *= std::size_t(fl.factor)) {
     const std::size_t count = std::max<std::size_t>(std::size_t(comm.size()), bytes / sizeof(float));
@@ -120,7 +124,7 @@ void run(Comm& comm, const flags& fl) {
         });
     if (lead) {
       std::printf("%12zu", count * sizeof(float));
-      double best_flat = 1e300, two = 0, automatic = 0;
+      double best_flat = 1e300, two = 0, automatic = 0, packed[2] = {-1, -1};
       for (int k = 0; k < kP; ++k) {
         auto v = t[std::size_t(k)];
         std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(v.size() / 2), v.end());
@@ -130,11 +134,14 @@ void run(Comm& comm, const flags& fl) {
           continue;
         }
         if (k == 0) two = med;
-        else if (k + 1 < kP) best_flat = std::min(best_flat, med);
-        else automatic = med;
+        else if (k < kAutomatic) best_flat = std::min(best_flat, med);
+        else if (k == kAutomatic) automatic = med;
+        else packed[k - kAutomatic - 1] = med;
         std::printf(" %19.1f", med);
       }
-      std::printf("   %.2f   %.2f\n", best_flat / two, automatic / std::min(best_flat, two));
+      std::printf("   %.2f   %.2f", best_flat / two, automatic / std::min(best_flat, two));
+      if (packed[0] > 0) std::printf("   %.2f   %.2f", best_flat / packed[0], best_flat / packed[1]);
+      std::printf("\n");
       std::fflush(stdout);
     }
   }

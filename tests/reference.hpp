@@ -85,6 +85,17 @@ struct failures {
   }
 };
 
+/// A well-mixed 64-bit hash of (rank, i): the bits test inputs are drawn from; u() of it is in
+/// [-1, 1) with 24 bits, and its bits 24 and up are free for an exponent.
+inline std::uint64_t mixed(int rank, std::size_t i) {
+  std::uint64_t h = (std::uint64_t(rank) + 1) * 0x9E3779B97F4A7C15ull ^ (std::uint64_t(i) + 7) * 0xC2B2AE3D27D4EB4Full;
+  h ^= h >> 29;
+  h *= 0xBF58476D1CE4E5B9ull;
+  h ^= h >> 32;
+  return h;
+}
+inline double unit_of(std::uint64_t h) { return double(h & 0xFFFFFF) / double(0x1000000) * 2 - 1; }
+
 inline std::vector<std::size_t> counts_for(int n) {
   return {0, 1, std::size_t(n > 1 ? n - 1 : 2), std::size_t(n), std::size_t(n + 1), 100003};
 }

@@ -22,11 +22,8 @@ namespace {
 /// order of addition shows in the low bits; near 1 for prod, so products stay finite.
 template <class E, class Op>
 E value(int rank, std::size_t i) {
-  std::uint64_t h = (std::uint64_t(rank) + 1) * 0x9E3779B97F4A7C15ull ^ (std::uint64_t(i) + 7) * 0xC2B2AE3D27D4EB4Full;
-  h ^= h >> 29;
-  h *= 0xBF58476D1CE4E5B9ull;
-  h ^= h >> 32;
-  const double u = double(h & 0xFFFFFF) / double(0x1000000) * 2 - 1;  // [-1, 1)
+  const std::uint64_t h = mixed(rank, i);
+  const double u = unit_of(h);  // [-1, 1)
   if constexpr (std::is_same_v<Op, collx::ops::prod>) return E(float(1 + u / 16));
   else if constexpr (std::is_same_v<E, collx::half>) return E(float(std::ldexp(u, int((h >> 24) % 17) - 8)));  // (half's range)
   else return E(float(std::ldexp(u, int((h >> 24) % 41) - 20)));

@@ -11,6 +11,7 @@
 
 #include <signal.h>
 
+#include <cmath>
 #include <cstring>
 #include <numeric>
 
@@ -355,6 +356,43 @@ TEST_CASE("two_level<shm, mpi>: nodes of two ranks, shm within and mpi across: a
     CHECK(collx_test::run_all_reduce<std::int32_t, collx::ops::sum, algo::two_level, mpi_nodes>(n, 7, true) == "");
     CHECK(collx_test::run_all_reduce<float, collx::ops::sum, algo::ring, mpi_nodes>(n, 100003, true) == "");
     CHECK(collx_test::run_all_gather<float, algo::recursive_halving, mpi_nodes>(n, 1001) == "");
+  }
+}
+
+TEST_CASE("over mpi and two_level<shm, mpi>: deterministic's bits are the serial rank-order sum's, compressed<bf16>'s the serial bf16 loop's",
+          "[mpi][deterministic][compressed]") {
+  // (magnitudes over 2^±10, so the order of addition shows in the low bits)
+  auto x = [](int q, std::size_t i) {
+    const auto k = std::uint64_t(i) * 2654435761u + std::uint64_t(q) * 40503u;
+    return std::ldexp(float(k % 2001) - 1000.0f, int((i + std::size_t(q)) % 21) - 10);
+  };
+  for (int n : world_ranks()) {
+    for (std::size_t count : {std::size_t(1), std::size_t(n + 1), std::size_t(100003)}) {
+      CAPTURE(n, count);
+      std::vector<float> det(count), bf(count);
+      for (std::size_t i = 0; i < count; ++i) {
+        float acc = x(0, i), b = 0;
+        for (int q = 1; q < n; ++q) acc += x(q, i);
+        for (int q = 0; q < n; ++q) b += float(collx::bfloat16(x(q, i)));
+        det[i] = acc;
+        bf[i] = float(collx::bfloat16(b));
+      }
+      auto body = [&](auto& comm) {
+        auto same = [&](const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+          if (std::memcmp(got.data(), want.data(), count * sizeof(float)) != 0)
+            throw std::runtime_error(std::string(what) + ": not the serial reference's bits on rank " + std::to_string(comm.rank()));
+        };
+        std::vector<float> v(count);
+        for (std::size_t i = 0; i < count; ++i) v[i] = x(comm.rank(), i);
+        std::vector<float> w = v;
+        collx::all_reduce(comm, std::span{v}, collx::ops::sum{}, algo::deterministic<>{});
+        same(v, det, "deterministic");
+        collx::all_reduce(comm, std::span{w}, collx::ops::sum{}, algo::compressed<collx::wire::bf16>{});
+        same(w, bf, "compressed<bf16>");
+      };
+      CHECK_NOTHROW(mpi_ranks{}(n, body));
+      CHECK_NOTHROW(mpi_nodes{}(n, body));
+    }
   }
 }
 

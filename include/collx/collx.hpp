@@ -1,6 +1,7 @@
 #pragma once
 // collx: collective communication, header-only C++20. The umbrella header: only the public headers.
 #include "algo/automatic.hpp"
+#include "algo/compressed.hpp"
 #include "algo/deterministic.hpp"
 #include "algo/pairwise.hpp"
 #include "algo/recursive_doubling.hpp"

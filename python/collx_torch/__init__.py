@@ -44,6 +44,35 @@ _ext = _load()
 ProcessGroupCollx = _ext.ProcessGroupCollx
 
 
+class Options:
+    """The collx process group's options, passed as init_process_group's (or new_group's) pg_options:
+
+        dist.init_process_group("collx", pg_options=collx_torch.Options(deterministic=True, wire="bf16"))
+
+    deterministic: every floating reduction's result is the ranks' inputs added in rank order,
+        rounded once, the same bits whatever the bucket layout (docs/precision.md); None leaves
+        COLLX_DETERMINISTIC's choice. A group is deterministic as the world is.
+    wire: "bf16" or "mxfp8": float32 SUM and AVG all-reduces send their data compressed, summed in
+        float at every receiver (collx::algo::compressed); "none" sends float; None leaves
+        COLLX_WIRE's choice (a group: its parent's).
+    """
+
+    def __init__(self, deterministic=None, wire=None):
+        if wire not in (None, "none", "bf16", "mxfp8"):
+            raise ValueError(f"collx_torch.Options: wire={wire!r}: none, bf16 or mxfp8")
+        self.deterministic = deterministic
+        self.wire = wire
+
+
+def _options(pg_options):
+    if pg_options is None:
+        return -1, ""
+    if not isinstance(pg_options, Options):
+        raise TypeError(f"collx: pg_options must be a collx_torch.Options, not {type(pg_options).__name__}")
+    det = -1 if pg_options.deterministic is None else int(bool(pg_options.deterministic))
+    return det, pg_options.wire or ""
+
+
 def _create(opts, pg_options=None):
     """The creator torch calls for init_process_group (the world) and for every new_group."""
     timeout = opts.timeout
@@ -55,12 +84,13 @@ def _create(opts, pg_options=None):
         world = dist.distributed_c10d._get_default_group()
         if isinstance(world, ProcessGroupCollx):
             parent = world
+    det, wire = _options(pg_options)
     if parent is None:
-        return ProcessGroupCollx(opts.store, opts.group_rank, opts.group_size, timeout)
-    return ProcessGroupCollx(opts.store, opts.group_rank, opts.group_size, parent, members, str(opts.group_id))
+        return ProcessGroupCollx(opts.store, opts.group_rank, opts.group_size, timeout, det, wire)
+    return ProcessGroupCollx(opts.store, opts.group_rank, opts.group_size, parent, members, str(opts.group_id), det, wire)
 
 
 if "COLLX" not in dist.Backend._plugins:
     dist.Backend.register_backend("collx", _create, extended_api=True)
 
-__all__ = ["ProcessGroupCollx"]
+__all__ = ["ProcessGroupCollx", "Options"]

@@ -316,6 +316,92 @@ def job_async_and_groups(rank, n):
     assert pg.transport == want, f"transport {pg.transport}, expected {want}"
 
 
+def wire_input(rank, count):
+    g = torch.Generator().manual_seed(77 * rank + count)
+    return (torch.rand(count, generator=g) * 2 - 1) * torch.pow(2.0, torch.randint(-6, 7, (count,), generator=g).float())
+
+
+def bf16_loop(n, count, avg=False):
+    """compressed<bf16>'s result: each input rounded to bf16, summed in float32 in rank order,
+    (AVG: divided once), the sum rounded to bf16."""
+    acc = torch.zeros(count, dtype=torch.float32)
+    for r in range(n):
+        acc = acc + wire_input(r, count).to(torch.bfloat16).to(torch.float32)
+    if avg:
+        acc = acc / n
+    return acc.to(torch.bfloat16).to(torch.float32)
+
+
+def job_wire(rank, n):
+    """COLLX_WIRE=bf16 in the environment (run's extra_env): the world's float32 SUM and AVG
+    all-reduces travel as bf16; a group with Options(wire="mxfp8") as MXFP8, one with
+    Options(wire="none") as float; other dtypes and ops are untouched."""
+    import warnings
+    warnings.filterwarnings("ignore", message=".*all_reduce_coalesced will be deprecated")
+    world = dist.group.WORLD
+    assert world.wire == "bf16", world.wire
+    for count in counts(n):
+        x = wire_input(rank, count)
+        dist.all_reduce(x)
+        expect_equal(x, bf16_loop(n, count), f"all_reduce SUM under COLLX_WIRE=bf16, count {count}")
+        y = wire_input(rank, count)
+        dist.all_reduce(y, op=dist.ReduceOp.AVG)
+        expect_equal(y, bf16_loop(n, count, avg=True), f"all_reduce AVG under COLLX_WIRE=bf16, count {count}")
+    # coalesced: each tensor as if alone (bf16's result does not depend on the layout)
+    xs = [wire_input(rank, c) for c in (1, 1001, 7)]
+    dist.all_reduce_coalesced(xs)
+    for x, c in zip(xs, (1, 1001, 7)):
+        expect_equal(x, bf16_loop(n, c), f"all_reduce_coalesced under COLLX_WIRE=bf16, part of {c}")
+    # float64 and MAX stay exact
+    d = data(rank, 1001, torch.float64)
+    dist.all_reduce(d)
+    expect_equal(d, reference(n, 1001, torch.float64, "SUM"), "float64 SUM under COLLX_WIRE=bf16")
+    m = wire_input(rank, 1001)
+    dist.all_reduce(m, op=dist.ReduceOp.MAX)
+    expect_equal(m, torch.stack([wire_input(r, 1001) for r in range(n)]).max(0).values, "float32 MAX under COLLX_WIRE=bf16")
+    # a group of its own format: MXFP8 within its bound; float: exact
+    g8 = dist.new_group(list(range(n)), pg_options=collx_torch.Options(wire="mxfp8"))
+    assert g8.wire == "mxfp8", g8.wire
+    z = wire_input(rank, 100003)
+    dist.all_reduce(z, group=g8)
+    xs = torch.stack([wire_input(r, 100003).double() for r in range(n)])
+    exact, mag = xs.sum(0), xs.abs().sum(0)
+    # per element: 2^-4 of each input and of the sum, plus e4m3's half subnormal step at the
+    # scales (at most 2 x a block's amax / 448, blocks of 32)
+    amax = mag.reshape(-1)[: (100003 // 32) * 32].reshape(-1, 32).max(1).values.repeat_interleave(32)
+    amax = torch.cat([amax, mag[(100003 // 32) * 32:].max().expand(100003 % 32)])
+    bound = 1.001 * ((mag + exact.abs() + mag / 16) / 16 + 2 * 2 * amax * (1 + 1 / 16) / 448 / 1024)
+    off = (z.double() - exact).abs()
+    assert bool((off <= bound).all()), f"mxfp8: element {int((off - bound).argmax())} off by {float(off.max())}"
+    gf = dist.new_group(list(range(n)), pg_options=collx_torch.Options(wire="none"))
+    f = data(rank, 1001, torch.float32)
+    dist.all_reduce(f, group=gf)
+    expect_equal(f, reference(n, 1001, torch.float32, "SUM"), "float32 SUM in a group with Options(wire='none')")
+    try:
+        collx_torch.Options(wire="fp4")
+        raise AssertionError("Options(wire='fp4') was taken")
+    except ValueError as e:
+        assert "fp4" in str(e), str(e)
+
+
+def job_options_deterministic(rank, n):
+    """init_process_group(pg_options=Options(deterministic=True)): the world's float sums are the
+    rank-order ones; a group asking for the other mode fails, naming the option."""
+    assert dist.group.WORLD.deterministic
+    count = 1001
+    x = wire_input(rank, count) * 1000
+    dist.all_reduce(x)
+    acc = torch.zeros(count, dtype=torch.float32)
+    for r in range(n):
+        acc = acc + wire_input(r, count) * 1000
+    assert torch.equal(x, acc), "deterministic: not the rank-order sum's bits"
+    try:
+        dist.new_group(list(range(n)), pg_options=collx_torch.Options(deterministic=False))
+        raise AssertionError("a group with Options(deterministic=False) under a deterministic world was made")
+    except RuntimeError as e:
+        assert "deterministic" in str(e), str(e)
+
+
 def past_init():
     """A collective that every rank completes only once every rank has left init_process_group,
     whose store-based barrier polls rank 0's store: a rank that fails on purpose and exits before
@@ -480,6 +566,8 @@ def _rank_main(rank, n, job, init, timeout_s, env):
     if "COLLX_NODE_OF_RANK" in env:  # ranks laid out on "hosts": this rank's (transport/two_level.hpp)
         os.environ["COLLX_NODE"] = env["COLLX_NODE_OF_RANK"].split(",")[rank]
     kw = dict(rank=rank, world_size=n, timeout=datetime.timedelta(seconds=timeout_s))
+    if job == "job_options_deterministic":
+        kw["pg_options"] = collx_torch.Options(deterministic=True)
     if init.startswith("env://"):
         dist.init_process_group("collx", init_method="env://", **kw)
     else:
@@ -575,6 +663,9 @@ def main():
         ("movers over hosts of 3 + 2 ranks", lambda: run("job_movers", 5, extra_env={"COLLX_NODE_OF_RANK": "a,b,a,b,a"})),
         ("async and groups over hosts of 3 + 2 ranks",
          lambda: run("job_async_and_groups", 5, extra_env={"COLLX_NODE_OF_RANK": "a,a,a,b,b"})),
+        ("COLLX_WIRE=bf16 and Options(wire=...): compressed float all-reduces, n=3", lambda: run("job_wire", 3, extra_env={"COLLX_WIRE": "bf16"})),
+        ("COLLX_WIRE=bf16 over tcp, n=2", lambda: run("job_wire", 2, transport="tcp", extra_env={"COLLX_WIRE": "bf16"})),
+        ("Options(deterministic=True): rank-order sums, n=3", lambda: run("job_options_deterministic", 3)),
         ("init over file://", case_file_init),
         ("init over tcp://", lambda: run("job_async_and_groups", 2, init=f"tcp://127.0.0.1:{free_port()}")),
         ("mismatched sizes: an error naming the ranks, over shm", lambda: run("job_mismatch", 3, timeout_s=20)),

@@ -41,14 +41,7 @@ namespace collx::algo {
 template <class Inner = automatic>
 struct deterministic {
   using algorithm_policy_concept = algorithm_policy_tag;
-  static constexpr std::array<char, 48> name_chars = [] {
-    std::array<char, 48> b{};
-    const char* parts[] = {"deterministic(", Inner::name, ")"};
-    std::size_t at = 0;
-    for (const char* p : parts)
-      for (; *p != '\0' && at + 1 < b.size(); ++p) b[at++] = *p;
-    return b;
-  }();
+  static constexpr std::array<char, 48> name_chars = policy_name("deterministic(", Inner::name, ")");
   static constexpr const char* name = name_chars.data();
   static constexpr bool keeps_rank_order = true;  // the fold is in rank order, whatever the op
   using inner_policy = Inner;

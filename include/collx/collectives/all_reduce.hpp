@@ -5,6 +5,7 @@
 // binary tree) supplies all_reduce() itself, and then that runs instead.
 #include "all_gather.hpp"
 #include "reduce_scatter.hpp"
+#include "compressed.hpp"
 #include "../algo/compose.hpp"
 
 namespace collx {
@@ -51,9 +52,15 @@ void all_reduce_with(communicator<T>& comm, const call_info& call, const Bufs& b
 /// Over two pointers (flat_buffers) or a fused batch's pieces (spread_buffers: features/fuse.hpp).
 template <class T, class E, class Op, class Algo, class Bufs>
 void all_reduce_impl(communicator<T>& comm, call_info& call, const Bufs& given, std::size_t count, Op op, Algo a) {
-  const Bufs b = prescaled<E>(comm, op, given, count);  // (premul_sum: this rank's input scaled)
-  with_policy<Op, algo::collective::all_reduce, E>(
-      a, comm, count, call, [&](const auto& pol) { all_reduce_with<T, E>(comm, call, b, count, op, pol); });
+  if constexpr (algo::is_compressed_v<Algo>) {  // (collectives/compressed.hpp)
+    static_assert(std::is_same_v<E, float>, "collx: algo::compressed sends float data in a smaller format: the elements are float");
+    static_assert(std::is_same_v<Bufs, flat_buffers<E>>, "collx: algo::compressed encodes one flat buffer (a fused batch packs its parts for it)");
+    if (!skip_if_empty(comm, call)) compressed_all_reduce<T, Op>(comm, call, given.in, given.out, count, a);
+  } else {
+    const Bufs b = prescaled<E>(comm, op, given, count);  // (premul_sum: this rank's input scaled)
+    with_policy<Op, algo::collective::all_reduce, E>(
+        a, comm, count, call, [&](const auto& pol) { all_reduce_with<T, E>(comm, call, b, count, op, pol); });
+  }
 }
 }  // namespace detail
 

@@ -205,6 +205,10 @@ class communicator {
   /// the packed all_reduce itself may use; grows, never shrinks.
   std::byte* pack_buffer(std::size_t bytes) { return s_->pack.at_least(bytes); }
 
+  /// Memory algo::compressed encodes into and decodes from (collectives/compressed.hpp): kept
+  /// apart from scratch(), which its exchanges may use; grows, never shrinks.
+  std::byte* wire_buffer(std::size_t bytes) { return s_->wire.at_least(bytes); }
+
   /// This communicator's flight recorder (comm/flight.hpp): its last calls and its wait table.
   detail::flight_recorder& recorder() noexcept { return s_->rec; }
   const detail::flight_recorder& recorder() const noexcept { return s_->rec; }
@@ -335,6 +339,7 @@ class communicator {
     detail::schedule_cache cache;
     bytes_vec scratch;
     bytes_vec pack;
+    bytes_vec wire;
     detail::debug_log dbg;
     detail::flight_recorder rec;  // after dbg: it writes TRACE lines to it
     detail::call_queue queue;  // last: its thread may use everything above

@@ -6,6 +6,7 @@
 //   struct my_op        { using reduction_op_concept = collx::reduction_op_tag; E operator()(E, E) const; };
 // Each check_* below turns a failed concept into a static_assert that names what is missing.
 #include <algorithm>
+#include <array>
 #include <concepts>
 #include <cstddef>
 #include <span>
@@ -220,6 +221,17 @@ constexpr bool check_transport() {
 }
 
 // ---- AlgorithmPolicy ------------------------------------------------------------------------
+
+/// A composed policy's name as a constant, its parts joined: policy_name("deterministic(",
+/// Inner::name, ")").data() is "deterministic(ring)" (47 characters at most).
+template <class... S>
+constexpr std::array<char, 48> policy_name(const S&... parts) {
+  std::array<char, 48> b{};
+  std::size_t at = 0;
+  for (const char* p : {static_cast<const char*>(parts)...})
+    for (; *p != '\0' && at + 1 < b.size(); ++p) b[at++] = *p;
+  return b;
+}
 
 template <class A>
 concept AlgorithmPolicy = requires { typename A::algorithm_policy_concept; } &&

@@ -142,21 +142,23 @@ class fused {
       }
       std::size_t total = 0;
       for (const part& p : parts) total += p.n;
-      if (detail::takes_pieces(c.transport())) {
-        // One all_reduce over the parts where they are (core/concepts.hpp: pieces): in place, each
-        // part's input first copied to its output when they differ.
-        spread.at.assign(1, 0);
-        spread.base.clear();
-        spread.at.reserve(parts.size() + 1);
-        spread.base.reserve(parts.size());
-        for (const part& p : parts) {
-          if (p.in != p.out && p.n != 0) std::memcpy(p.out, p.in, p.n * sizeof(E));
-          spread.base.push_back(reinterpret_cast<std::byte*>(p.out));
-          spread.at.push_back(spread.at.back() + p.n * sizeof(E));
+      if constexpr (!algo::is_compressed_v<Algo>) {  // (algo::compressed encodes one flat buffer: its batch is packed)
+        if (detail::takes_pieces(c.transport())) {
+          // One all_reduce over the parts where they are (core/concepts.hpp: pieces): in place, each
+          // part's input first copied to its output when they differ.
+          spread.at.assign(1, 0);
+          spread.base.clear();
+          spread.at.reserve(parts.size() + 1);
+          spread.base.reserve(parts.size());
+          for (const part& p : parts) {
+            if (p.in != p.out && p.n != 0) std::memcpy(p.out, p.in, p.n * sizeof(E));
+            spread.base.push_back(reinterpret_cast<std::byte*>(p.out));
+            spread.at.push_back(spread.at.back() + p.n * sizeof(E));
+          }
+          auto call = detail::make_call<E, Op>(c, "all_reduce", Algo::name, total);
+          detail::all_reduce_impl<T, E>(c, call, detail::spread_buffers<E>{&spread, &spread}, total, op, algo);
+          return;
         }
-        auto call = detail::make_call<E, Op>(c, "all_reduce", Algo::name, total);
-        detail::all_reduce_impl<T, E>(c, call, detail::spread_buffers<E>{&spread, &spread}, total, op, algo);
-        return;
       }
       // A transport that cannot move spread buffers: the parts are packed into a pack buffer,
       // reused from call to call, never initialised (a training step packs the same shapes

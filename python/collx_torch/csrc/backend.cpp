@@ -27,6 +27,13 @@
 
 namespace collx_torch {
 
+wire_format parse_wire(const std::string& v, const char* from) {
+  if (v.empty() || v == "none") return wire_format::none;
+  if (v == "bf16") return wire_format::bf16;
+  if (v == "mxfp8") return wire_format::mxfp8;
+  throw std::invalid_argument(std::string("collx: ") + from + "=\"" + v + "\": the wire format is none, bf16 or mxfp8");
+}
+
 const char* red_name(red r) noexcept {
   static const char* const names[] = {"SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "AVG", "PREMUL_SUM"};
   return names[int(r)];
@@ -289,9 +296,14 @@ void with_element(at::ScalarType t, F&& f) {
 class ProcessGroupCollx final : public c10d::ProcessGroup {
  public:
   /// The world: a rendezvous through `store`.
-  ProcessGroupCollx(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout)
+  /// `deterministic`: -1 leaves COLLX_DETERMINISTIC's choice; `wire`: "" leaves COLLX_WIRE's
+  /// (collx_torch.Options, passed as init_process_group's pg_options).
+  ProcessGroupCollx(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout,
+                    int deterministic = -1, const std::string& wire = "")
       : c10d::ProcessGroup(rank, size) {
     collx::options o;
+    if (deterministic >= 0) o.deterministic = deterministic != 0;
+    wire_ = wire.empty() ? env_wire() : parse_wire(wire, "Options.wire");
     // The deadline of every wait: the process group's timeout, or COLLX_TIMEOUT_S where set (the
     // rendezvous keeps the process group's: ranks may start minutes apart)
     o.timeout = std::getenv("COLLX_TIMEOUT_S") != nullptr ? collx::detail::default_timeout() : timeout;
@@ -307,10 +319,16 @@ class ProcessGroupCollx final : public c10d::ProcessGroup {
   }
 
   /// A group of `members` (the parent's ranks) split from `parent`, agreeing through `store`.
+  /// (`deterministic`: a group's is its parent's, and asking for the other fails; `wire`: "" takes the parent's.)
   ProcessGroupCollx(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, const c10::intrusive_ptr<ProcessGroupCollx>& parent,
-                    const std::vector<int>& members, const std::string& group_name)
+                    const std::vector<int>& members, const std::string& group_name, int deterministic = -1,
+                    const std::string& wire = "")
       : c10d::ProcessGroup(rank, size) {
     TORCH_CHECK(int(members.size()) == size, "collx: new_group of ", size, " ranks with ", members.size(), " members");
+    TORCH_CHECK(deterministic < 0 || (deterministic != 0) == parent->comm_->opts().deterministic, "collx: new_group ", group_name,
+                ": Options(deterministic=", deterministic != 0 ? "True" : "False",
+                "): a group is deterministic as the world is (init_process_group's pg_options, COLLX_DETERMINISTIC)");
+    wire_ = wire.empty() ? parent->wire_ : parse_wire(wire, "Options.wire");
     auto agree = [&](const std::array<char, collx::split_offer::kBlob>& mine) {
       store_set(*store, "collx/offer/" + std::to_string(rank), std::string(mine.data(), mine.size()));
       std::vector<std::array<char, collx::split_offer::kBlob>> all(members.size());
@@ -349,6 +367,9 @@ class ProcessGroupCollx final : public c10d::ProcessGroup {
 
   const std::string getBackendName() const override { return "collx"; }
   const std::string& transport_kind() const { return kind_; }
+  /// The options in force: (deterministic, wire format), as collx_torch reports them.
+  bool deterministic() const { return comm_->opts().deterministic; }
+  std::string wire() const { return wire_ == wire_format::bf16 ? "bf16" : wire_ == wire_format::mxfp8 ? "mxfp8" : "none"; }
 
   void startCoalescing() override {
     TORCH_CHECK(!batch_, "collx: startCoalescing twice without endCoalescing");
@@ -383,7 +404,7 @@ class ProcessGroupCollx final : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override {
     check_one(tensors, "allreduce");
     at::Tensor t = tensors[0];
-    const reduce_op o = to_op(opts.reduceOp, t.scalar_type(), "allreduce");
+    const reduce_op o = wired(to_op(opts.reduceOp, t.scalar_type(), "allreduce"));
     return enqueue(c10d::OpType::ALLREDUCE, tensors, [t, o](comm_t& c) {
       at::Tensor b = t.contiguous();
       with_element(b.scalar_type(), [&](auto e) {
@@ -402,7 +423,7 @@ class ProcessGroupCollx final : public c10d::ProcessGroup {
       TORCH_CHECK(t.scalar_type() == tensors[0].scalar_type(), "collx: allreduce_coalesced: the tensors' dtypes differ (",
                   c10::toString(tensors[0].scalar_type()), " and ", c10::toString(t.scalar_type()), ")");
     }
-    const reduce_op o = to_op(opts.reduceOp, tensors[0].scalar_type(), "allreduce_coalesced");
+    const reduce_op o = wired(to_op(opts.reduceOp, tensors[0].scalar_type(), "allreduce_coalesced"));
     std::vector<at::Tensor> ts = tensors;
     return enqueue(c10d::OpType::ALLREDUCE_COALESCED, tensors, [ts, o](comm_t& c) {
       std::vector<at::Tensor> bs;
@@ -777,7 +798,18 @@ class ProcessGroupCollx final : public c10d::ProcessGroup {
   }
 
   std::unique_ptr<comm_t> comm_;
+  static wire_format env_wire() {
+    const char* v = std::getenv("COLLX_WIRE");
+    return parse_wire(v != nullptr ? v : "", "COLLX_WIRE");
+  }
+  /// A float SUM/AVG all-reduce's op, with this group's wire format.
+  reduce_op wired(reduce_op o) const {
+    o.wire = wire_;
+    return o;
+  }
+
   std::string kind_;
+  wire_format wire_ = wire_format::none;
   std::atomic<std::uint64_t> seq_{0};
   std::shared_ptr<collx::fused<collx::transport::any>> batch_;
   std::shared_ptr<call_slot> batch_slot_;
@@ -791,19 +823,24 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::module::import("torch.distributed");
   collx::flight::set_caller_python(true);  // a peer's desync report says "in Python" of a rank not in collx
   py::class_<ProcessGroupCollx, c10::intrusive_ptr<ProcessGroupCollx>, c10d::ProcessGroup>(m, "ProcessGroupCollx")
-      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout) {
+      .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, std::chrono::milliseconds timeout,
+                       int deterministic, const std::string& wire) {
              py::gil_scoped_release nogil;
-             return c10::make_intrusive<ProcessGroupCollx>(store, rank, size, timeout);
+             return c10::make_intrusive<ProcessGroupCollx>(store, rank, size, timeout, deterministic, wire);
            }),
-           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"))
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("deterministic") = -1,
+           py::arg("wire") = "")
       .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                        const c10::intrusive_ptr<ProcessGroupCollx>& parent, const std::vector<int>& members,
-                       const std::string& name) {
+                       const std::string& name, int deterministic, const std::string& wire) {
              py::gil_scoped_release nogil;
-             return c10::make_intrusive<ProcessGroupCollx>(store, rank, size, parent, members, name);
+             return c10::make_intrusive<ProcessGroupCollx>(store, rank, size, parent, members, name, deterministic, wire);
            }),
-           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("parent"), py::arg("members"), py::arg("name"))
-      .def_property_readonly("transport", &ProcessGroupCollx::transport_kind);
+           py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("parent"), py::arg("members"), py::arg("name"),
+           py::arg("deterministic") = -1, py::arg("wire") = "")
+      .def_property_readonly("transport", &ProcessGroupCollx::transport_kind)
+      .def_property_readonly("deterministic", &ProcessGroupCollx::deterministic)
+      .def_property_readonly("wire", &ProcessGroupCollx::wire);
   // For the tests: a work's wait() called from C++ with the GIL held, as DDP's reducer and other
   // C++ callers of torch may call it (torch's own Python binding of wait() releases the GIL).
   m.def("_wait_holding_gil", [](const c10::intrusive_ptr<c10d::Work>& w) { return w->wait(); });

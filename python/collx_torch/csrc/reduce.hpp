@@ -22,10 +22,18 @@ using comm_t = collx::communicator<collx::transport::any>;
 enum class red : int { sum, prod, min, max, band, bor, bxor, avg, premul_sum };
 const char* red_name(red r) noexcept;
 
-/// An op as the backend passes it: which, and PREMUL_SUM's factor (this rank's).
+/// How a float32 SUM or AVG all-reduce travels (the process group's `wire`, COLLX_WIRE): as float,
+/// or compressed (collx::algo::compressed: bf16 or MXFP8 on the wire, summed in float).
+enum class wire_format : int { none, bf16, mxfp8 };
+/// COLLX_WIRE's format ("none", "bf16" or "mxfp8"; unset: none); anything else throws naming it.
+wire_format parse_wire(const std::string& v, const char* from);
+
+/// An op as the backend passes it: which, PREMUL_SUM's factor (this rank's), and the process
+/// group's wire format.
 struct op_spec {
   red r = red::sum;
   double factor = 1.0;
+  wire_format wire = wire_format::none;
 };
 
 template <class E>

@@ -34,8 +34,27 @@ void with_op(op_spec o, F&& f) {
   throw std::invalid_argument(std::string("collx: op ") + red_name(r) + " is not defined for this element type");
 }
 
+/// For float32 SUM and AVG under a wire format: calls f(op, policy) with the compressed policy
+/// and returns true; false otherwise (the call runs as it is).
+template <class E, class F>
+bool with_wire(op_spec o, F&& f) {
+  if constexpr (std::is_same_v<E, float>) {
+    if (o.wire == wire_format::none || (o.r != red::sum && o.r != red::avg)) return false;
+    auto format = [&](auto op) {
+      if (o.wire == wire_format::bf16) f(op, collx::algo::compressed<collx::wire::bf16>{});
+      else f(op, collx::algo::compressed<collx::wire::mxfp8>{});
+    };
+    if (o.r == red::sum) format(collx::ops::sum{});
+    else format(collx::ops::avg{});
+    return true;
+  } else {
+    return false;
+  }
+}
+
 template <class E>
 void reducer<E>::all_reduce(comm_t& c, E* buf, std::size_t n, op_spec o) {
+  if (with_wire<E>(o, [&](auto op, auto pol) { collx::all_reduce(c, std::span<E>(buf, n), op, pol); })) return;
   with_op<E>(o, [&](auto op) { collx::all_reduce(c, std::span<E>(buf, n), op); });
 }
 
@@ -55,6 +74,12 @@ void reducer<E>::reduce_scatter(comm_t& c, const E* in, E* out, std::size_t n_ou
 
 template <class E>
 void reducer<E>::all_reduce_many(comm_t& c, const std::vector<std::pair<E*, std::size_t>>& bufs, op_spec o) {
+  if (with_wire<E>(o, [&](auto op, auto pol) {
+        collx::fused<collx::transport::any> f(c);
+        for (const auto& [p, n] : bufs) f.all_reduce(std::span<E>(p, n), op, pol);
+        f.run();
+      }))
+    return;
   with_op<E>(o, [&](auto op) {
     collx::fused<collx::transport::any> f(c);
     for (const auto& [p, n] : bufs) f.all_reduce(std::span<E>(p, n), op);
