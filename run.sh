@@ -115,8 +115,8 @@ case "${1:-}" in
       -DCOLLX_BUILD_BENCH=OFF -DCOLLX_BUILD_EXAMPLES=OFF -DCOLLX_BUILD_TOOLS=OFF
     cmake --build build-tsan -j "$jobs"
     TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan -j "$jobs" --output-on-failure
-    stage "libFuzzer: tcp's wire format and rendezvous store, ${COLLX_FUZZ_SECONDS:-30} s each"
-    configure build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DCOLLX_FUZZ=ON -DCOLLX_FUZZ_SECONDS="${COLLX_FUZZ_SECONDS:-30}"
+    stage "libFuzzer: tcp's wire format and rendezvous store, ${COLLX_FUZZ_SECONDS:-15} s each"
+    configure build-fuzz -DCMAKE_CXX_COMPILER=clang++ -DCOLLX_FUZZ=ON -DCOLLX_FUZZ_SECONDS="${COLLX_FUZZ_SECONDS:-15}"
     cmake --build build-fuzz -j "$jobs"
     ctest --test-dir build-fuzz -j "$jobs" --output-on-failure
     torch_backend_tests
