@@ -65,42 +65,47 @@ struct mxfp8 {
     // spacing is 2^-9); 8 x 2^-9 = 2^-6 reads as the smallest normal, as it should
     const float mag = std::bit_cast<float>(a);
     const std::uint32_t sub = std::bit_cast<std::uint32_t>(mag + 16384.0f) - std::bit_cast<std::uint32_t>(16384.0f);
-    const std::uint32_t c = a < 0x3C800000u ? sub : normal;
+    const std::uint32_t small = 0u - std::uint32_t(a < 0x3C800000u);  // (masks, not branches: the loop vectorizes)
+    const std::uint32_t c = (sub & small) | (normal & ~small);
     return std::uint8_t(sign | std::min(c, 0x7Eu));  // (saturates at 448)
   }
   /// The value of code c (unscaled).
   static float value(std::uint8_t c) noexcept {
-    const std::uint32_t e = (c >> 3) & 15u, m = c & 7u;
-    const float normal = std::bit_cast<float>(((e + 120u) << 23) | (m << 20));
-    const float sub = float(m) * 0x1p-9f;
-    const float mag = e == 0 ? sub : normal;
-    return (c & 0x80u) ? -mag : mag;
+    const std::uint32_t w = c, e = (w >> 3) & 15u, m = w & 7u;
+    const std::uint32_t normal = ((e + 120u) << 23) | (m << 20);
+    const std::uint32_t sub = std::bit_cast<std::uint32_t>(float(int(m)) * 0x1p-9f);
+    const std::uint32_t small = 0u - std::uint32_t(e == 0);
+    return std::bit_cast<float>((sub & small) | (normal & ~small) | ((w & 0x80u) << 24));
   }
   /// The scale byte of a block whose largest magnitude is amax: 127 + ceil(log2(amax / 448)),
-  /// within [0, 254]; 255 (no finite scale) where amax is not finite.
+  /// within [0, 254] (0 for a block of zeros). From amax's bits: amax = f 2^E, f in [1, 2), and
+  /// 448 = 1.75 2^8, so the exponent is E - 8, or E - 7 where f > 1.75.
   static std::uint8_t scale_of(float amax) noexcept {
-    if (!(amax <= 3.4e38f)) return 255;  // inf or NaN
-    if (amax == 0) return 0;
-    int k = 0;
-    const float m = std::frexp(amax / max_value, &k);  // amax / 448 = m 2^k, m in [0.5, 1)
-    const int e = m == 0.5f ? k - 1 : k;                 // ceil(log2(amax / 448))
-    return std::uint8_t(std::clamp(e + 127, 0, 254));
+    const std::uint32_t b = std::bit_cast<std::uint32_t>(amax);
+    if (b < 0x00800000u) return 0;  // zero or subnormal: the smallest scale (2^-127) serves
+    const int e = int(b >> 23) - 127, k = e - 8 + ((b & 0x7FFFFFu) > 0x600000u ? 1 : 0);
+    return std::uint8_t(std::clamp(k + 127, 0, 254));
   }
-  static float scale(std::uint8_t s) noexcept { return s == 255 ? NAN : std::ldexp(1.0f, int(s) - 127); }
+  /// 2^(s - 127) and its inverse, from their bits (NaN for 255); both normal floats for s in [1, 254].
+  static float scale(std::uint8_t s) noexcept {
+    if (s == 255) return NAN;
+    return s == 0 ? 0x1p-127f : std::bit_cast<float>(std::uint32_t(s) << 23);
+  }
+  static float inverse(std::uint8_t s) noexcept {
+    if (s == 255) return NAN;
+    return s >= 254 ? 0x1p-127f : std::bit_cast<float>(std::uint32_t(254 - s) << 23);
+  }
 
   static void encode(const float* x, std::size_t n, unit* out) noexcept {
     for (std::size_t at = 0; at < n; at += group, out += group + 1) {
       const std::size_t len = std::min(group, n - at);
-      float amax = 0;
-      bool finite = true;  // (a NaN or an infinity makes the whole block NaN: scale byte 255)
-      for (std::size_t i = 0; i < len; ++i) {
-        const float m = std::fabs(x[at + i]);
-        amax = std::max(amax, m);
-        finite &= m <= 3.4028235e38f;
-      }
-      const std::uint8_t s = finite ? scale_of(amax) : std::uint8_t(255);
+      // the largest magnitude, on the bits (their order is the floats' for magnitudes; a NaN or
+      // an infinity is above every finite one, and makes the whole block NaN: scale byte 255)
+      std::uint32_t amax = 0;
+      for (std::size_t i = 0; i < len; ++i) amax = std::max(amax, std::bit_cast<std::uint32_t>(x[at + i]) & 0x7FFFFFFFu);
+      const std::uint8_t s = amax < 0x7F800000u ? scale_of(std::bit_cast<float>(amax)) : std::uint8_t(255);
       out[0] = s;
-      const float inv = s == 255 ? NAN : std::ldexp(1.0f, 127 - int(s));
+      const float inv = inverse(s);
       for (std::size_t i = 0; i < len; ++i) out[1 + i] = code(x[at + i] * inv);
     }
   }
