@@ -8,11 +8,18 @@
 //   plain_add/float/<bytes>      c[i] = a[i] + b[i] with restrict pointers: 2 reads + 1 write,
 //                                3 x bytes: what apply<float, sum> should match (ratio >= 0.9).
 //
-// bytes_per_second is therefore memory traffic, not payload. The accounting ignores write-allocate:
+//   wire/<format>/encode|add|decode/<bytes>
+//                                the compressed formats' codec (ops/wire.hpp) over <bytes> of
+//                                float: encode float -> format, add format into float, decode
+//                                format -> float, as algo::compressed runs them; reported as the
+//                                float bytes handled (the payload), not memory traffic.
+//
+// bytes_per_second is therefore memory traffic, not payload (except for wire/). The accounting ignores write-allocate:
 // memcpy and plain_add write to lines they never read (a cache that allocates on write reads them
 // too), while apply in place writes to lines it has just read, so apply can exceed plain_add.
 //
 //   collx-reduce-bench --benchmark_filter='float|memcpy|plain' --benchmark_repetitions=3
+//   collx-reduce-bench --benchmark_filter='wire|memcpy' --benchmark_repetitions=3
 // ('float' also matches bfloat16.)
 #include <benchmark/benchmark.h>
 
@@ -25,6 +32,7 @@
 
 #include <collx/ops/apply.hpp>
 #include <collx/ops/ops.hpp>
+#include <collx/ops/wire.hpp>
 #include <collx/core/types.hpp>
 
 namespace {
@@ -99,6 +107,47 @@ void bm_plain_add(benchmark::State& st) {
   st.SetItemsProcessed(std::int64_t(st.iterations()) * std::int64_t(n));
 }
 
+// Gradient-like floats: both signs, magnitudes spread over ~6 binades, so MXFP8's blocks get
+// scales of their own and its codes every exponent.
+std::vector<float> wire_input(std::size_t n) {
+  std::vector<float> x(n);
+  std::uint32_t h = 12345;
+  for (auto& v : x) {
+    h = h * 1664525u + 1013904223u;
+    v = (float(h >> 8) / float(1u << 24) - 0.5f) * float(1u << ((h >> 3) % 6));
+  }
+  return x;
+}
+
+enum class codec_step { encode, add, decode };
+
+template <class W, codec_step Step>
+void bm_wire(benchmark::State& st) {
+  const auto bytes = std::size_t(st.range(0));
+  const std::size_t n = bytes / sizeof(float);
+  const auto x = wire_input(n);
+  std::vector<typename W::unit> w(W::units(n));
+  std::vector<float> y(n, 0.0f);
+  W::encode(x.data(), n, w.data());
+  for (auto _ : st) {
+    if constexpr (Step == codec_step::encode) W::encode(x.data(), n, w.data());
+    if constexpr (Step == codec_step::add) W::add(w.data(), n, y.data());
+    if constexpr (Step == codec_step::decode) W::decode(w.data(), n, y.data());
+    benchmark::DoNotOptimize(w.data());
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  st.SetBytesProcessed(std::int64_t(st.iterations()) * std::int64_t(bytes));
+}
+
+template <class W>
+void register_wire(std::size_t bytes) {
+  const std::string base = std::string("wire/") + W::name + "/";
+  benchmark::RegisterBenchmark((base + "encode").c_str(), &bm_wire<W, codec_step::encode>)->Arg(std::int64_t(bytes))->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark((base + "add").c_str(), &bm_wire<W, codec_step::add>)->Arg(std::int64_t(bytes))->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark((base + "decode").c_str(), &bm_wire<W, codec_step::decode>)->Arg(std::int64_t(bytes))->Unit(benchmark::kMillisecond);
+}
+
 template <class E, class Op>
 void register_apply(std::size_t bytes) {
   const std::string name = std::string("apply/") + dtype_name<E> + "/" + Op::name;
@@ -129,6 +178,8 @@ int main(int argc, char** argv) {
   register_all(dtypes{}, redops{});
   for (std::size_t b : kSweep)
     if (b != kBig) register_apply<float, collx::ops::sum>(b);
+  register_wire<collx::wire::bf16>(kBig);
+  register_wire<collx::wire::mxfp8>(kBig);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

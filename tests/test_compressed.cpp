@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -316,5 +317,39 @@ TEST_CASE("compressed: ranks that pass different formats fail as a mismatch, nam
     CAPTURE(w);
     CHECK_THAT(w, Catch::Contains("all_reduce"));
     CHECK_THAT(w, Catch::Contains("compressed("));
+  }
+}
+
+// A call of several segments runs its codec on a side thread: a peer that never comes fails the
+// others' call (naming it and the peer) and the side thread is joined on that path too, so the
+// next call's error is the same and nothing is left behind (a thread not joined would end the
+// program).
+TEST_CASE("compressed: a peer that never calls fails a call of several segments on the others, naming the call, every time",
+          "[compressed][errors]") {
+  collx::options o;
+  o.timeout = std::chrono::milliseconds(300);
+  std::vector<std::string> what(3);
+  collx::launch_threads(
+      3,
+      [&](auto& comm) {
+        if (comm.rank() == 2) return;
+        algo::compressed<wire::mxfp8> a;
+        a.segment = 96;
+        std::vector<float> v(1000, 1.0f);
+        for (int call = 0; call < 2; ++call) {
+          try {
+            collx::all_reduce(comm, std::span{v}, collx::ops::sum{}, a);
+            what[std::size_t(comm.rank())] += "completed;";
+          } catch (const collx::error& e) {
+            what[std::size_t(comm.rank())] += std::string(e.what()) + ";";
+          }
+        }
+      },
+      o);
+  for (int r = 0; r < 2; ++r) {
+    const auto& w = what[std::size_t(r)];
+    CAPTURE(r, w);
+    CHECK_THAT(w, Catch::Contains("all_reduce"));
+    CHECK_THAT(w, !Catch::Contains("completed"));
   }
 }

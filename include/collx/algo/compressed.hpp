@@ -4,7 +4,8 @@
 //
 //   collx::all_reduce(comm, std::span{grads}, collx::ops::sum{}, collx::algo::compressed<collx::wire::bf16>{});
 //
-// How (collectives/compressed.hpp), per segment: every rank encodes its buffer, block q for
+// How (collectives/compressed.hpp), per segment (pipelined: a side thread encodes the next
+// segment and decodes the one before while this one is exchanged): every rank encodes its buffer, block q for
 // rank q; a direct exchange (pairwise's all-to-all) hands rank r the N encoded contributions to
 // its block; r adds them in float, in rank order, and encodes the sum once; the all-gather of
 // Gather (ring by default) hands every rank every encoded block, which each rank decodes into its
@@ -31,8 +32,10 @@ struct compressed {
   using wire_format = Wire;
 
   Gather gather{};
-  /// Elements per segment: the call's scratch is about 3 x this many of the format's values.
-  std::size_t segment = std::size_t(1) << 22;  // 16 MiB of float
+  /// Elements per segment. A call of several segments runs its codec on a side thread beside
+  /// the exchanges (collectives/compressed.hpp); 4 MiB of float hides it behind a 1 Gbit/s link
+  /// (docs/precision.md). The call's scratch is about 5 segments of the format's values.
+  std::size_t segment = std::size_t(1) << 20;  // 4 MiB of float
 };
 
 template <class A>
