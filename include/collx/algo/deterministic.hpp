@@ -18,12 +18,15 @@
 // reduce-scatter does, (N-1)/N·D per rank, in N-1 steps (one for small blocks), and keeps
 // (N-1)/N·D of scratch per segment; every reduction happens once, on the block's owner.
 // all_reduce: that reduce-scatter, then Inner's all-gather (copies: exact in any order), in
-// segments as every composed all-reduce (algo/compose.hpp).
+// segments as every composed all-reduce (algo/compose.hpp); a small one (the N inputs within
+// tuning::deterministic_gather_bytes) gathers every input on every rank in ceil(log2 N) steps
+// and folds them there, in rank order: the same fold, so the same bits.
 // reduce: the reduce-scatter, then every block sent to the root (N-1 receives there at once).
 //
 // Inner picks the all-gather (ring, tree, recursive_halving, pairwise; automatic: the model's
 // choice, made per call in collectives/common.hpp and carried in `gather`, so one instantiation
 // serves every choice); the reduction never depends on it.
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <type_traits>
@@ -93,6 +96,42 @@ struct deterministic {
         if (q != r) s.recv(q, {buf::out, blocks.offset(q), blocks.count(q)});
     }
     return s;
+  }
+
+  /// all_reduce of a small buffer (tuning::deterministic_gather_bytes, all_reduce_gathers):
+  /// every rank gathers the N inputs by Bruck's all-gather, ceil(log2 N) steps of one send and
+  /// one receive (the messages recursive doubling sends, for any N): scratch slot j holds rank
+  /// r+j's input, and at distance d a rank sends its first min(d, N-d) slots to rank r-d and
+  /// receives as many into slots d.. from rank r+d. Then the fold of the N inputs in rank order,
+  /// on every rank: the reduce-scatter's fold, so the same bits, without its all-gather.
+  static schedule gathered_all_reduce(const ar_problem& p) {
+    schedule s;
+    const int n = p.size, r = p.rank;
+    const region src{p.src, 0, p.count}, out{buf::out, 0, p.count};
+    if (n == 1) {
+      s.copy(out, src);
+      return s;
+    }
+    s.need_tmp(std::size_t(n) * p.count);
+    auto slots = [&](int j, int k) { return region{buf::tmp, std::size_t(j) * p.count, std::size_t(k) * p.count}; };
+    s.at(0);
+    s.copy(slots(0, 1), src);  // (a step's copies run before its transfers)
+    int t = 0;
+    for (int d = 1; d < n; d *= 2, ++t) {
+      const int m = std::min(d, n - d);
+      s.at(t);
+      s.send(mod(r - d, n), slots(0, m));
+      s.recv(mod(r + d, n), slots(d, m));
+    }
+    s.next_step();
+    std::vector<region> in_order;
+    in_order.reserve(std::size_t(n));
+    for (int q = 0; q < n; ++q) in_order.push_back(slots(mod(q - r, n), 1));
+    s.fold(out, in_order);
+    return s;
+  }
+  static bool all_reduce_gathers(const ar_problem& p) {
+    return std::size_t(p.size) * p.count * p.elem_size <= tuning::deterministic_gather_bytes;
   }
 
   /// The direct reduce-scatter into `result`: block q of `src` to rank q, the contributions to

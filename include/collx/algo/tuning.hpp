@@ -29,6 +29,15 @@ inline constexpr std::size_t max_pipeline_chunks = std::size_t(1) << 16;
 /// measured.
 inline constexpr std::size_t a2a_one_step_bytes = std::size_t(32) << 20;
 
+/// algo::deterministic's all_reduce gathers every rank's whole input and folds it on every rank
+/// (ceil(log2 N) steps, recursive doubling's messages) while the N inputs together are at most
+/// this many bytes; above, its reduce-scatter by direct exchange and an all-gather. Both fold
+/// the same contributions in rank order, so the bits do not change where it switches. 8 B of
+/// float, COLLX_DETERMINISTIC=1 against the default (automatic: recursive doubling), medians of
+/// 5 alternating runs (docs/precision.md): the reduce-scatter + all-gather took 1.4-3.5x the
+/// default's time (shm -np 8, tcp -np 8).
+inline constexpr std::size_t deterministic_gather_bytes = std::size_t(64) << 10;
+
 /// all_reduce composed as reduce-scatter + all-gather runs the pair per segment of this many
 /// bytes once the buffer reaches all_reduce_segment_from_bytes: the all-gather then reads blocks
 /// the reduce-scatter has just written, still in cache, instead of a whole reduced buffer that

@@ -31,6 +31,18 @@ void all_reduce_with(communicator<T>& comm, const call_info& call, const Bufs& b
         });
     execute<T, E>(comm, call, *s, b, op);
   } else {
+    if constexpr (algo::is_deterministic_v<P>) {
+      if (P::all_reduce_gathers(p)) {
+        // small: every input gathered and folded on every rank (algo/deterministic.hpp)
+        const auto s = cached</*gathered*/ 2>(comm, pol, p, [&] {
+          schedule x = P::gathered_all_reduce(p);
+          x.finalize({buf::out, 0, count});
+          return x;
+        });
+        execute<T, E>(comm, call, *s, b, op);
+        return;
+      }
+    }
     // Reduce-scatter + all-gather, per segment for a large buffer (algo/compose.hpp): every
     // segment but the last has the same schedule, so two are built, and each segment runs
     // as its own schedule on its part of the buffer; avg divides once, at the end.
