@@ -36,7 +36,7 @@ std::vector<E> values(int rank, std::size_t count, std::size_t from = 0) {
   return v;
 }
 
-/// The serial reference: rank order, in the accumulator type, one rounding; avg then divides.
+/// The serial reference: rank order, in the accumulator type; avg divides there; one rounding.
 template <class E, class Op>
 std::vector<E> rank_order(const Op& op, int n, std::size_t count) {
   using A = collx::accumulator_t<Op, E>;
@@ -44,9 +44,8 @@ std::vector<E> rank_order(const Op& op, int n, std::size_t count) {
   for (std::size_t i = 0; i < count; ++i) {
     A acc = A(value<E, Op>(0, i));
     for (int q = 1; q < n; ++q) acc = op(acc, A(value<E, Op>(q, i)));
-    E x = E(acc);
-    if constexpr (collx::has_finalize_v<Op, E>) x = Op::finalize(x, n);
-    v[i] = x;
+    if constexpr (collx::has_finalize_v<Op, A>) acc = Op::finalize(acc, n);
+    v[i] = E(acc);
   }
   return v;
 }

@@ -127,7 +127,7 @@ struct deterministic {
     std::vector<region> in_order;
     in_order.reserve(std::size_t(n));
     for (int q = 0; q < n; ++q) in_order.push_back(slots(mod(q - r, n), 1));
-    s.fold(out, in_order);
+    s.fold(out, in_order, /*complete*/ true);
     return s;
   }
   static bool all_reduce_gathers(const ar_problem& p) {
@@ -159,7 +159,7 @@ struct deterministic {
     std::vector<region> in_order;
     in_order.reserve(std::size_t(n));
     for (int q = 0; q < n; ++q) in_order.push_back(q == r ? own : from_slot(q));
-    s.fold(result, in_order);
+    s.fold(result, in_order, /*complete*/ true);
   }
 };
 

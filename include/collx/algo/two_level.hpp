@@ -511,7 +511,7 @@ struct two_level {
     for (auto c = st.folds_begin; c < st.folds_end; ++c) {
       std::vector<region> srcs;
       for (const region& r : x.srcs_of(x.folds()[c])) srcs.push_back(at(r));
-      s.fold(at(x.folds()[c].dst), srcs);
+      s.fold(at(x.folds()[c].dst), srcs, x.folds()[c].complete);
     }
     for (auto c = st.sends_begin; c < st.sends_end; ++c) s.send(ranks[std::size_t(x.sends()[c].peer)], at(x.sends()[c].src));
     for (auto c = st.recvs_begin; c < st.recvs_end; ++c) {

@@ -34,11 +34,7 @@ void all_reduce_with(communicator<T>& comm, const call_info& call, const Bufs& b
     if constexpr (algo::is_deterministic_v<P>) {
       if (P::all_reduce_gathers(p)) {
         // small: every input gathered and folded on every rank (algo/deterministic.hpp)
-        const auto s = cached</*gathered*/ 2>(comm, pol, p, [&] {
-          schedule x = P::gathered_all_reduce(p);
-          x.finalize({buf::out, 0, count});
-          return x;
-        });
+        const auto s = cached</*gathered*/ 2>(comm, pol, p, [&] { return P::gathered_all_reduce(p); });  // (its fold finalizes)
         execute<T, E>(comm, call, *s, b, op);
         return;
       }
@@ -57,7 +53,8 @@ void all_reduce_with(communicator<T>& comm, const call_info& call, const Bufs& b
       if (len == std::min(seg, count)) execute<T, E>(comm, call, *full, b + off, op);
       else execute<T, E>(comm, call, *segment(len), b + off, op);
     }
-    if constexpr (has_finalize_v<Op, E>) finalize_all<E, Op>(comm, b, count);
+    if constexpr (has_finalize_v<Op, E> && !algo::is_deterministic_v<P>)  // (deterministic's folds finalize)
+      finalize_all<E, Op>(comm, b, count);
   }
 }
 

@@ -173,7 +173,7 @@ void finalize_at(communicator<T>& comm, const located& x, std::size_t count) {
 /// A fold (core/schedule.hpp: fold_op) in host memory: dst = srcs[0] ⊕ srcs[1] ⊕ ..., over the
 /// runs where every operand is contiguous (a fused batch's pieces split them).
 template <class E, class Op>
-void fold_at(const Op& op, const located& dst, std::span<const located> srcs, std::size_t count) {
+void fold_at(const Op& op, const located& dst, std::span<const located> srcs, std::size_t count, int finalize_n) {
   thread_local std::vector<const E*> p;
   thread_local std::vector<std::size_t> hint;
   p.assign(srcs.size(), nullptr);
@@ -185,7 +185,7 @@ void fold_at(const Op& op, const located& dst, std::span<const located> srcs, st
     std::byte* d = operand_at(dst.p, dst.spread, off, len, dh);
     for (std::size_t k = 0; k < srcs.size(); ++k)
       p[k] = reinterpret_cast<const E*>(operand_at(static_cast<const std::byte*>(srcs[k].p), srcs[k].spread, off, len, hint[k]));
-    ops::fold_into<E>(op, reinterpret_cast<E*>(d), std::span<const E* const>(p), len / sizeof(E));
+    ops::fold_into<E>(op, reinterpret_cast<E*>(d), std::span<const E* const>(p), len / sizeof(E), finalize_n);
     off += len;
   }
 }
@@ -265,7 +265,7 @@ void execute_steps(communicator<T>& comm, const call_info& call, const schedule&
             const fold_op& f = s.folds()[i];
             from.clear();
             for (const region& r : s.srcs_of(f)) from.push_back(at(r));
-            fold_at<E>(op, at(f.dst), std::span<const located>(from), f.dst.count);
+            fold_at<E>(op, at(f.dst), std::span<const located>(from), f.dst.count, f.complete ? comm.size() : 0);
           }
         }
       }

@@ -42,10 +42,14 @@ struct copy_op { region dst, src; };
 /// dst = src_0 ⊕ src_1 ⊕ ... in that order, accumulated in the op's accumulator type and rounded
 /// once into dst (ops::accumulator_t); dst may be one of the sources. The deterministic mode's
 /// reduction (algo/deterministic.hpp): whatever order the contributions arrive in, each element
-/// is reduced in rank order. Its sources are fold_srcs()[srcs_begin, srcs_end).
+/// is reduced in rank order. Its sources are fold_srcs()[srcs_begin, srcs_end). A `complete`
+/// fold reduces every rank's contribution: the op's finalize (avg's division by the rank count)
+/// runs on the accumulator before the one rounding, and the schedule names no final region for
+/// what it writes.
 struct fold_op {
   region dst;
   std::uint32_t srcs_begin = 0, srcs_end = 0;
+  bool complete = false;
 };
 struct send_op { int peer; region src; };
 struct recv_op {
@@ -100,15 +104,16 @@ class schedule {
     copies_.push_back({dst, src});
     steps_.back().copies_end = std::uint32_t(copies_.size());
   }
-  /// dst = srcs[0] ⊕ srcs[1] ⊕ ... (fold_op), run after this step's copies.
-  void fold(region dst, std::span<const region> srcs) {
+  /// dst = srcs[0] ⊕ srcs[1] ⊕ ... (fold_op), run after this step's copies; `complete`: every
+  /// rank's contribution, finalized before its rounding.
+  void fold(region dst, std::span<const region> srcs, bool complete = false) {
     if (dst.count == 0) return;
     ensure_step();
     check_room(folds_.size());
     check_room(fold_srcs_.size() + srcs.size());
     const auto b = std::uint32_t(fold_srcs_.size());
     fold_srcs_.insert(fold_srcs_.end(), srcs.begin(), srcs.end());
-    folds_.push_back({dst, b, std::uint32_t(fold_srcs_.size())});
+    folds_.push_back({dst, b, std::uint32_t(fold_srcs_.size()), complete});
     steps_.back().folds_end = std::uint32_t(folds_.size());
   }
   void send(int peer, region src) {
@@ -146,7 +151,7 @@ class schedule {
         const fold_op& f = other.folds_[i];
         std::vector<region> srcs;
         for (auto j = f.srcs_begin; j < f.srcs_end; ++j) srcs.push_back(at(other.fold_srcs_[j]));
-        fold(at(f.dst), srcs);
+        fold(at(f.dst), srcs, f.complete);
       }
       for (auto i = st.sends_begin; i < st.sends_end; ++i) send(other.sends_[i].peer, at(other.sends_[i].src));
       for (auto i = st.recvs_begin; i < st.recvs_end; ++i) {

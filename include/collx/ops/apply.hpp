@@ -36,8 +36,10 @@ inline void apply(const Op& op, E* dst, const E* left, const E* right, std::size
 /// dst[i] = src[0][i] ⊕ src[1][i] ⊕ ... in that order, in the accumulator type A (ops.hpp:
 /// accumulator_t), rounded to E once. Taken in blocks, so each source is read as a stream the
 /// vectoriser packs; dst may be one of the sources (a block is read whole before it is written).
+/// finalize_n > 0: the op's finalize (avg: divided by finalize_n) on the accumulator, before the
+/// rounding, so that a half or bfloat16 average is rounded once too.
 template <class E, class Op>
-inline void fold_into(const Op& op, E* dst, std::span<const E* const> src, std::size_t n) {
+inline void fold_into(const Op& op, E* dst, std::span<const E* const> src, std::size_t n, int finalize_n = 0) {
   using A = accumulator_t<Op, E>;
   static_assert(std::is_convertible_v<E, A> && std::is_constructible_v<E, A>,
                 "collx: a fold accumulates in the op's accumulator type, which must convert from and to the element type");
@@ -56,6 +58,9 @@ inline void fold_into(const Op& op, E* dst, std::span<const E* const> src, std::
       const E* __restrict sk = src[k] + i0;
       for (std::size_t j = 0; j < m; ++j) acc[j] = op(acc[j], A(sk[j]));
     }
+    if constexpr (has_finalize_v<Op, A>)
+      if (finalize_n > 0)
+        for (std::size_t j = 0; j < m; ++j) acc[j] = Op::finalize(acc[j], finalize_n);
     E* d = dst + i0;
     for (std::size_t j = 0; j < m; ++j) d[j] = E(acc[j]);
   }
