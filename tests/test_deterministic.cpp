@@ -4,8 +4,11 @@
 // equal across the all-gather chosen inside the mode, segments, fused layouts, rank and transport.
 #include <catch2/catch.hpp>
 
+#include "schedules.hpp"
+
 #include <cmath>
 #include <cstdint>
+#include <thread>
 
 #include <collx/algo/order.hpp>
 #include <collx/transport/planned.hpp>
@@ -294,29 +297,86 @@ TEST_CASE("the order each policy adds in, read off its schedules: deterministic'
     for (int q = 1; q < n; ++q) e = (q == 1 ? e : "(" + e + ")") + " + x" + std::to_string(q);
     return e;
   };
-  for (int n : {2, 3, 4, 5, 8}) {
-    CAPTURE(n);
-    const std::string want = rank_order_text(n);
-    const std::size_t count = std::size_t(n) * 3 + 1;  // uneven blocks
-    for (const auto& got : orders(algo::deterministic<algo::ring>{}, {collx::algo::collective::all_reduce, n, count}, count, count))
-      for (const auto& e : got) CHECK(e == want);
-    // blocks past tuning::a2a_one_step_bytes: the exchange in N-1 steps (elements of 64 MiB, on symbols)
-    for (const auto& got : orders(algo::deterministic<algo::ring>{}, {collx::algo::collective::all_reduce, n, count, std::size_t(1) << 26}, count, count))
-      for (const auto& e : got) CHECK(e == want);
-    const auto steps = model::schedules(algo::deterministic<algo::ring>{}, {collx::algo::collective::reduce_scatter, n, 1, std::size_t(1) << 26});
-    CHECK(int(steps[0].steps().size()) == (n > 1 ? n : 1));  // N-1 exchanges, then the fold
-    for (const auto& got : orders(algo::deterministic<algo::pairwise>{}, {collx::algo::collective::reduce_scatter, n, 3}, 3 * std::size_t(n), 3))
-      for (const auto& e : got) CHECK(e == want);
-    const auto red = orders(algo::deterministic<>{}, {collx::algo::collective::reduce, n, count, 4, n - 1}, count, count);
-    for (const auto& e : red[std::size_t(n - 1)]) CHECK(e == want);
-    // the ring adds block b from rank b+1 on: its last block alone is in rank order
-    if (n > 2) {
-      const auto ring = orders(algo::ring{}, {collx::algo::collective::all_reduce, n, std::size_t(n)}, std::size_t(n), std::size_t(n));
-      CHECK(ring[0][0] != want);
-      CHECK(ring[0][std::size_t(n - 1)] == want);
-      if (n == 4) CHECK(ring[0][0] == "((x1 + x2) + x3) + x0");  // block 0 from rank 1 on
+  for (int n : {2, 3, 4, 5, 8})
+    for (bool stepwise : {false, true}) {  // contributions folded once landed, or reduced as they arrive
+      CAPTURE(n, stepwise);
+      const std::string want = rank_order_text(n);
+      const std::size_t count = std::size_t(n) * 3 + 1;  // uneven blocks
+      using C = collx::algo::collective;
+      for (const auto& got : orders(algo::deterministic<algo::ring>{}, {C::all_reduce, n, count, 4, 0, true, stepwise}, count, count))
+        for (const auto& e : got) CHECK(e == want);
+      // blocks past tuning::a2a_one_step_bytes: the exchange in N-1 steps (elements of 64 MiB, on symbols)
+      for (const auto& got : orders(algo::deterministic<algo::ring>{}, {C::all_reduce, n, count, std::size_t(1) << 26, 0, true, stepwise}, count, count))
+        for (const auto& e : got) CHECK(e == want);
+      const auto steps = model::schedules(algo::deterministic<algo::ring>{}, {C::reduce_scatter, n, 1, std::size_t(1) << 26, 0, true, stepwise});
+      // N-1 exchanges, then the fold; stepwise: up, then down
+      CHECK(int(steps[0].steps().size()) == (n == 1 ? 1 : stepwise ? 2 : n));
+      for (const auto& got : orders(algo::deterministic<algo::pairwise>{}, {C::reduce_scatter, n, 3, 4, 0, true, stepwise}, 3 * std::size_t(n), 3))
+        for (const auto& e : got) CHECK(e == want);
+      const auto red = orders(algo::deterministic<>{}, {C::reduce, n, count, 4, n - 1, true, stepwise}, count, count);
+      for (const auto& e : red[std::size_t(n - 1)]) CHECK(e == want);
+      if (stepwise) continue;
+      // the ring adds block b from rank b+1 on: its last block alone is in rank order
+      if (n > 2) {
+        const auto ring = orders(algo::ring{}, {collx::algo::collective::all_reduce, n, std::size_t(n)}, std::size_t(n), std::size_t(n));
+        CHECK(ring[0][0] != want);
+        CHECK(ring[0][std::size_t(n - 1)] == want);
+        if (n == 4) CHECK(ring[0][0] == "((x1 + x2) + x3) + x0");  // block 0 from rank 1 on
+      }
     }
-  }
+}
+
+namespace {
+int slow_rank_me = -1;  // this process's rank, for the op below (each forked rank has its own)
+}
+
+TEST_CASE("a receive held back behind another waits for it, though its own peer has sent all and left", "[deterministic][processes]") {
+  // N = 3 over shared memory, one element a block, reduced as it arrives (a user's op reduces
+  // stepwise): rank 0 reduces rank 1's contribution into its block, then rank 2's. Rank 1 is
+  // slow (its op sleeps once); rank 2 sends eagerly and returns, its communicator gone, before
+  // rank 0 may take its message. Rank 0 waits for rank 1 and then takes rank 2's message; it
+  // does not blame rank 2 (the engine blamed the peer of every unfinished operation).
+  const auto slow_sum = collx::ops::make(
+      [](float a, float b) {
+        static bool slept = false;
+        if (slow_rank_me == 1 && !slept) {
+          slept = true;
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        }
+        return a + b;
+      },
+      collx::ops::non_commutative);
+  static_assert(collx::stepwise_exact_v<decltype(slow_sum), float>);
+  const int n = 3;
+  auto input = [](int q, int i) { return 1.0f / float(3 * q + i + 7); };
+  CHECK(collx_test::run_checked<processes>(n, [&](auto& comm, auto note) {
+          slow_rank_me = comm.rank();
+          std::vector<float> in(n), out(1);
+          for (int i = 0; i < n; ++i) in[std::size_t(i)] = input(comm.rank(), i);
+          collx::reduce_scatter(comm, std::span<const float>(in), std::span<float>(out), slow_sum, algo::deterministic<algo::ring>{});
+          float want = input(0, comm.rank());
+          for (int q = 1; q < n; ++q) want = want + input(q, comm.rank());
+          if (!collx_test::same(out[0], want)) note("got " + collx_test::show(out[0]) + ", want " + collx_test::show(want));
+        }) == "");
+}
+
+TEST_CASE("deterministic's schedules match across ranks, folded or reduced as they arrive", "[deterministic][schedule]") {
+  using C = collx::algo::collective;
+  for (int n : {1, 2, 3, 5, 7, 13, 16})
+    for (std::size_t count : {std::size_t(0), std::size_t(1), std::size_t(n - 1), std::size_t(n + 1), std::size_t(1000003)})
+      for (C c : {C::all_reduce, C::reduce_scatter, C::reduce})
+        for (int root : {0, n / 3, n - 1})
+          for (bool stepwise : {false, true}) {
+            CAPTURE(n, count, collx::model::name(c), root, stepwise);
+            const auto all = collx::model::schedules(algo::deterministic<algo::ring>{}, {c, n, count, 4, root, false, stepwise});
+            CHECK(collx_test::check_consistent(all) == "");
+            // reduced as they arrive: one block of scratch at most, and no fold of N sources
+            if (stepwise && c == C::reduce_scatter)
+              for (const auto& s : all) {
+                CHECK(s.tmp_elems() <= count);
+                for (const auto& f : s.folds()) CHECK(f.srcs_end - f.srcs_begin <= 2);
+              }
+          }
 }
 
 TEST_CASE("deterministic on a transport that runs whole schedules fails at once, naming the mode, on every rank", "[deterministic][errors]") {

@@ -36,7 +36,7 @@ schedule composed_all_reduce(const A& a, const ar_problem& p, Times&& times) {
     const std::size_t len = std::min(seg, p.count - off);
     if (off == 0 || len != built) {
       const partition blocks(len, p.size);
-      rs = a.reduce_scatter(rs_problem{p.rank, p.size, blocks, p.src, buf::out, p.elem_size, p.commutative});
+      rs = a.reduce_scatter(rs_problem{p.rank, p.size, blocks, p.src, buf::out, p.elem_size, p.commutative, p.stepwise_exact});
       ag = a.all_gather(ag_problem{p.rank, p.size, blocks, true, 0, p.elem_size});
       at = times(len, rs, ag);
       built = len;
@@ -55,7 +55,7 @@ schedule composed_all_reduce(const A& a, const ar_problem& p, Times&& times) {
 template <class A>
 schedule composed_segment(const A& a, const ar_problem& p) {
   const partition blocks(p.count, p.size);
-  schedule s = a.reduce_scatter(rs_problem{p.rank, p.size, blocks, p.src, buf::out, p.elem_size, p.commutative});
+  schedule s = a.reduce_scatter(rs_problem{p.rank, p.size, blocks, p.src, buf::out, p.elem_size, p.commutative, p.stepwise_exact});
   s.append(a.all_gather(ag_problem{p.rank, p.size, blocks, true, 0, p.elem_size}), s.span());
   return s;
 }

@@ -16,7 +16,11 @@
 // when the blocks are small, as pairwise's all-gather); then one fold (core/schedule.hpp:
 // fold_op) reduces the N contributions in rank order. It sends and receives what the ring's
 // reduce-scatter does, (N-1)/N·D per rank, in N-1 steps (one for small blocks), and keeps
-// (N-1)/N·D of scratch per segment; every reduction happens once, on the block's owner.
+// (N-1)/N·D of scratch per segment; every reduction happens once, on the block's owner. Where
+// the op accumulates in the element type itself and divides nothing at the end (float or double
+// sum, prod, a user's op: ops::stepwise_exact_v), reducing two at a time gives the fold's bits,
+// and the owner reduces each contribution as it arrives, in rank order, where it lies (no slot,
+// no second pass: direct_reduce_scatter's `stepwise`).
 // all_reduce: that reduce-scatter, then Inner's all-gather (copies: exact in any order), in
 // segments as every composed all-reduce (algo/compose.hpp); a small one (the N inputs within
 // tuning::deterministic_gather_bytes) gathers every input on every rank in ceil(log2 N) steps
@@ -56,7 +60,7 @@ struct deterministic {
 
   schedule reduce_scatter(const rs_problem& p) const {
     schedule s;
-    direct_reduce_scatter(s, p.rank, p.size, p.blocks, p.src, p.result(), p.elem_size);
+    direct_reduce_scatter(s, p.rank, p.size, p.blocks, p.src, p.result(), p.elem_size, p.stepwise_exact);
     return s;
   }
 
@@ -86,7 +90,7 @@ struct deterministic {
     const region mine = r == p.root ? region{buf::out, blocks.offset(r), blocks.count(r)}
                                     : region{buf::tmp, std::size_t(n - 1) * slot, blocks.count(r)};
     if (r != p.root) s.need_tmp(std::size_t(n) * slot);
-    direct_reduce_scatter(s, r, n, blocks, buf::in, mine, p.elem_size);
+    direct_reduce_scatter(s, r, n, blocks, buf::in, mine, p.elem_size, p.stepwise_exact);
     if (n == 1) return s;
     s.next_step();
     if (r != p.root) {
@@ -137,11 +141,42 @@ struct deterministic {
   /// The direct reduce-scatter into `result`: block q of `src` to rank q, the contributions to
   /// this rank's block into scratch slots (one per other rank, `slot` elements each, from
   /// scratch element 0), then the fold in rank order.
+  ///
+  /// `stepwise`: reducing two at a time in the element type gives the fold's bits (rs_problem::
+  /// stepwise_exact), so each contribution is reduced as it arrives, in rank order, with no slot
+  /// to land in and no pass to fold them: receives that reduce, chained (each one's operand is
+  /// what the one before it wrote, so they run in the order listed: core/concepts.hpp,
+  /// may_progress). In two steps, because this rank's own contribution goes in between:
+  ///   step 1: send to the higher ranks; receive x_0, x_0 ⊕ x_1, ... up to x_(r-1) into scratch;
+  ///   step 2: result = that ⊕ own; send to the lower ranks; receive ⊕ x_(r+1) ... ⊕ x_(N-1).
+  /// A rank's step-1 messages go up and its step-2 messages down, and each rank takes them in
+  /// rank order, so no rank waits on one that waits on it. The traffic is the same; the receiver
+  /// reads each contribution once where it lies (a thread-rank's buffer, a shm channel's cell)
+  /// and keeps one block of scratch.
   static void direct_reduce_scatter(schedule& s, int r, int n, const partition& blocks, buf src, region result,
-                                    std::size_t elem_size) {
+                                    std::size_t elem_size, bool stepwise) {
     const region own{src, blocks.offset(r), blocks.count(r)};
     if (n == 1) {
       s.copy(result, own);
+      return;
+    }
+    auto block = [&](int q) { return region{src, blocks.offset(q), blocks.count(q)}; };
+    if (stepwise) {
+      const region low{buf::tmp, 0, blocks.count(r)};  // x_0 ⊕ ... ⊕ x_(r-1) (result may be own: in place)
+      if (r > 0) s.need_tmp(blocks.count(r));
+      s.next_step();
+      for (int q = r + 1; q < n; ++q) s.send(q, block(q));
+      for (int q = 0; q < r; ++q) {
+        if (q == 0) s.recv(q, low);
+        else s.recv(q, low, low, combine::received_right);
+      }
+      s.next_step();
+      if (r > 0) {
+        const region pair[] = {low, own};
+        s.fold(result, pair);
+      }
+      for (int q = 0; q < r; ++q) s.send(q, block(q));
+      for (int q = r + 1; q < n; ++q) s.recv(q, result, q == r + 1 && r == 0 ? own : result, combine::received_right);
       return;
     }
     const std::size_t slot = blocks.max_count();
@@ -152,7 +187,7 @@ struct deterministic {
       const int to = mod(r + st, n), from = mod(r - st, n);
       if (one_step) s.at(0);
       else s.next_step();
-      s.send(to, {src, blocks.offset(to), blocks.count(to)});
+      s.send(to, block(to));
       s.recv(from, from_slot(from));
     }
     s.next_step();

@@ -113,10 +113,13 @@ struct problem {
   std::size_t elem = 4;
   int root = 0;
   bool commutative = true;
+  /// The op reduces exactly two at a time in the element type (algo/problem.hpp: rs_problem):
+  /// the deterministic mode's reduce-scatter then reduces as it receives.
+  bool stepwise_exact = false;
 
   static bool split(collective c) noexcept { return algo::traits(c).split; }
   /// What every rank passes, as algo::schedule_of builds each rank's problem from.
-  algo::call_shape shape() const noexcept { return {n, count, elem, root, commutative}; }
+  algo::call_shape shape() const noexcept { return {n, count, elem, root, commutative, stepwise_exact}; }
   /// nccl-tests' "size": the buffer, or the N blocks of the split collectives.
   std::size_t bytes() const noexcept { return (split(coll) ? std::size_t(n) : 1) * count * elem; }
   /// The problem whose bytes() is `bytes` (rounded down to whole elements and blocks).
@@ -189,7 +192,7 @@ std::vector<schedule> schedules(const A& a, const problem& pr, int* ag_start = n
         const partition blocks(len, n);
         std::vector<schedule> rs, ag;
         for (int q = 0; q < n; ++q) {
-          rs.push_back(a.reduce_scatter(algo::rs_problem{q, n, blocks, buf::in, buf::out, e, pr.commutative}));
+          rs.push_back(a.reduce_scatter(algo::rs_problem{q, n, blocks, buf::in, buf::out, e, pr.commutative, pr.stepwise_exact}));
           ag.push_back(a.all_gather(algo::ag_problem{q, n, blocks, true, 0, e}));
         }
         // (A reduce-scatter may end with a step that only copies its result into place: it

@@ -36,6 +36,10 @@ struct rs_problem {
   buf work = buf::none;
   std::size_t elem_size = 1;
   bool commutative = true;
+  /// Reducing two contributions at a time in the element type gives the bits the deterministic
+  /// mode's fold gives (ops::stepwise_exact_v: the op accumulates in the element type and does
+  /// not finalize), so algo::deterministic may reduce as it receives (algo/deterministic.hpp).
+  bool stepwise_exact = false;
 
   region block(buf b, int i) const { return {b, blocks.offset(i), blocks.count(i)}; }
   region result() const {
@@ -72,6 +76,7 @@ struct reduce_problem {
   int rank = 0, size = 1, root = 0;
   std::size_t count = 0, elem_size = 1;
   bool commutative = true;
+  bool stepwise_exact = false;  // (rs_problem's)
 };
 
 /// All-reduce of src[0, count) into out[0, count) (src is buf::out when in place).
@@ -80,6 +85,7 @@ struct ar_problem {
   std::size_t count = 0, elem_size = 1;
   bool commutative = true;
   buf src = buf::in;
+  bool stepwise_exact = false;  // (rs_problem's)
 };
 
 /// Splits `count` elements into pieces of at most chunk_bytes (at least one piece, so that even an

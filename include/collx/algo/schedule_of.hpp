@@ -32,6 +32,7 @@ struct call_shape {
   std::size_t elem = 4;
   int root = 0;
   bool commutative = true;
+  bool stepwise_exact = false;  // (algo/problem.hpp: rs_problem)
 };
 
 /// The loads of a call along the timeline: `per_step`, `periods` times over, then `tail` (a
@@ -65,7 +66,7 @@ struct schedule_of<collective::reduce_scatter> {
   static constexpr bool has = requires(const A& a, const problem& p) { a.reduce_scatter(p); };
   template <class F>
   static decltype(auto) with_problem(int r, const call_shape& s, F&& f) {
-    return f(problem{r, s.n, partition(s.count * std::size_t(s.n), s.n), buf::in, buf::none, s.elem, s.commutative});
+    return f(problem{r, s.n, partition(s.count * std::size_t(s.n), s.n), buf::in, buf::none, s.elem, s.commutative, s.stepwise_exact});
   }
   template <class A, class... Place>
   static schedule build(const A& a, const problem& p, Place&&...) {
@@ -109,7 +110,7 @@ struct schedule_of<collective::all_reduce> {
   static constexpr bool has = own<A> || schedule_of<collective::reduce_scatter>::has<A>;
   template <class F>
   static decltype(auto) with_problem(int r, const call_shape& s, F&& f) {
-    return f(problem{r, s.n, s.count, s.elem, s.commutative, buf::in});
+    return f(problem{r, s.n, s.count, s.elem, s.commutative, buf::in, s.stepwise_exact});
   }
   /// `place(len, rs, ag)`, where given, places a composed segment's all-gather on the common
   /// timeline (algo/compose.hpp: composed_all_reduce).
@@ -129,7 +130,7 @@ struct schedule_of<collective::all_reduce> {
       auto segment = [&](std::size_t len) {
         const partition blocks(len, p.size);
         load_runs r = schedule_of<collective::reduce_scatter>::loads(
-            a, rs_problem{0, p.size, blocks, buf::in, buf::out, p.elem_size, p.commutative});
+            a, rs_problem{0, p.size, blocks, buf::in, buf::out, p.elem_size, p.commutative, p.stepwise_exact});
         append_loads(r, schedule_of<collective::all_gather>::loads(a, ag_problem{0, p.size, blocks, true, 0, p.elem_size}));
         return r;
       };
@@ -169,7 +170,7 @@ struct schedule_of<collective::reduce> {
   static constexpr bool has = requires(const A& a, const problem& p) { a.reduce(p); };
   template <class F>
   static decltype(auto) with_problem(int r, const call_shape& s, F&& f) {
-    return f(problem{r, s.n, s.root, s.count, s.elem, s.commutative});
+    return f(problem{r, s.n, s.root, s.count, s.elem, s.commutative, s.stepwise_exact});
   }
   template <class A, class... Place>
   static schedule build(const A& a, const problem& p, Place&&...) {

@@ -19,7 +19,7 @@ void all_reduce_with(communicator<T>& comm, const call_info& call, const Bufs& b
                      const P& pol) {
   static_assert(check_reducing<E, Op, P>());
   const buf src = b.in_place() ? buf::out : buf::in;
-  const algo::ar_problem p{comm.rank(), comm.size(), count, sizeof(E), is_commutative_v<Op>, src};
+  const algo::ar_problem p{comm.rank(), comm.size(), count, sizeof(E), is_commutative_v<Op>, src, stepwise_exact_v<Op, E>};
   if constexpr (requires(const algo::ar_problem& q, const node_map& m) { pol.all_reduce(q); } ||
                 requires(const algo::ar_problem& q, const node_map& m) { pol.all_reduce(q, m); }) {
     // The policy's own all-reduce (over the communicator's node map for a node-aware one: the
@@ -44,7 +44,7 @@ void all_reduce_with(communicator<T>& comm, const call_info& call, const Bufs& b
     // as its own schedule on its part of the buffer; avg divides once, at the end.
     const std::size_t seg = algo::tuning::all_reduce_segment(count, sizeof(E));
     auto segment = [&](std::size_t len) {
-      const algo::ar_problem q{p.rank, p.size, len, p.elem_size, p.commutative, src};
+      const algo::ar_problem q{p.rank, p.size, len, p.elem_size, p.commutative, src, p.stepwise_exact};
       return cached</*composed segment*/ 1>(comm, pol, q, [&] { return algo::composed_segment(pol, q); });
     };
     const auto full = segment(std::min(seg, count));

@@ -114,30 +114,34 @@ struct recv_desc {
   bool spread() const noexcept { return dst_spread.of != nullptr || with_spread.of != nullptr; }
 };
 
+/// Whether receive `later` reduces into memory that receive `earlier` writes (a tree node
+/// summing two children into one accumulator; the deterministic mode's chain in rank order):
+/// then `later` waits for `earlier`. Spread operands overlap by their places in the one pieces
+/// buffer (a plain operand is scratch then, never part of it).
+inline bool reads_what_writes(const recv_desc& later, const recv_desc& earlier) noexcept {
+  if (later.with != nullptr && earlier.dst < later.with + later.bytes && later.with < earlier.dst + earlier.bytes) return true;
+  if (const operand& w = later.with_spread; w.of != nullptr && later.how != combine::copy) {
+    const operand& d = earlier.dst_spread;
+    return d.of == w.of && d.at < w.at + later.bytes && w.at < d.at + earlier.bytes;
+  }
+  return false;
+}
+
 /// The order rule every transport's progress loop obeys (core/schedule.hpp): messages to or from one
 /// peer share a stream, so only the first unfinished one per peer may move; and a receive that
-/// reduces into what an earlier receive of the step writes (a tree node summing two children)
-/// waits for it. `st[j].done` says whether operation j has finished.
+/// reduces into what an earlier receive of the step writes waits for it (reads_what_writes).
+/// `st[j].done` says whether operation j has finished.
 template <class Op, class State>
 bool may_progress(std::span<const Op> ops, const State& st, std::size_t i) {
   for (std::size_t j = 0; j < i; ++j)
     if (!st[j].done && ops[j].peer == ops[i].peer) return false;
   if constexpr (std::is_same_v<Op, recv_desc>) {
-    const recv_desc& r = ops[i];
-    if (r.with != nullptr)
+    if (ops[i].with != nullptr || ops[i].with_spread.of != nullptr)
       for (std::size_t j = 0; j < i; ++j)
-        if (!st[j].done && ops[j].dst < r.with + r.bytes && r.with < ops[j].dst + ops[j].bytes) return false;
-    // Spread operands overlap by their places in the one pieces buffer (a plain operand is
-    // scratch then, never part of it).
-    if (const operand& w = r.with_spread; w.of != nullptr && r.how != combine::copy)
-      for (std::size_t j = 0; j < i; ++j) {
-        const operand& d = ops[j].dst_spread;
-        if (!st[j].done && d.of == w.of && d.at < w.at + r.bytes && w.at < d.at + ops[j].bytes) return false;
-      }
+        if (!st[j].done && reads_what_writes(ops[i], ops[j])) return false;
   }
   return true;
 }
-
 
 struct call_info;  // core/call_info.hpp
 

@@ -193,6 +193,12 @@ inline constexpr bool order_shows_v =
 /// True when Op divides at the end (avg).
 template <class Op, class E>
 inline constexpr bool has_finalize_v = requires(const E& x) { Op::finalize(x, 1); };
+/// True when reducing two contributions at a time, each result rounded to E, gives the bits of a
+/// fold that reduces them all in the accumulator (ops::fold_into): the accumulator is E itself
+/// and nothing is applied at the end. Then the deterministic mode may reduce each contribution as
+/// it arrives, in rank order, instead of landing them all and folding (algo/deterministic.hpp).
+template <class Op, class E>
+inline constexpr bool stepwise_exact_v = std::is_same_v<accumulator_t<Op, E>, E> && !has_finalize_v<Op, E>;
 /// An op that scales each rank's own contribution before the reduction (ops::premul_sum).
 template <class Op, class E>
 inline constexpr bool has_prescale_v = requires(const Op& op, const E& x) { op.prescale(x); };

@@ -113,7 +113,13 @@ struct step {
       return may_progress(sends, so, i);
     }
   }
-  bool recv_open(std::size_t i) const { return may_progress(recvs, ro, i); }
+  /// A step two channels share (exchange_pair) may order a receive here after receives on the
+  /// other channel (a chain of reductions into one buffer that crosses them): `gate(gate_ctx,
+  /// i)` says whether receive i's are done. Null for a step of one channel.
+  bool (*gate)(const void*, std::size_t) = nullptr;
+  const void* gate_ctx = nullptr;
+
+  bool recv_open(std::size_t i) const { return may_progress(recvs, ro, i) && (gate == nullptr || gate(gate_ctx, i)); }
   /// Calls f(peer, send, i) for every unfinished operation that may move now (what a
   /// channel that sleeps in poll() waits on).
   template <class F>
@@ -184,15 +190,18 @@ int first_pending(C& c, const St& s, const char*& what) {
 /// Between sleeps: a peer this step waits for that is gone, or a failure elsewhere in the job,
 /// ends the wait, unless something may move after all (looked at after the peers' fates): then
 /// true, and the wait returns (a channel without `ready` has just moved it, perhaps the step's
-/// last operation: waiting on would wait for nothing until the deadline).
+/// last operation: waiting on would wait for nothing until the deadline). The step waits for a
+/// peer only through an operation that may move now: one held back by the order rule (a receive
+/// that reduces into what an earlier one writes) is not yet waiting, and its peer may have sent
+/// all it owes and left; that is looked at once the operation opens.
 template <class C, class St>
 bool check_peers(C& c, St& s, int blocked_on, const char* what) {
   const call_info& call = *s.call;
   int gone = -1;
   for (std::size_t i = 0; i < s.recvs.size() && gone < 0; ++i)
-    if (!s.ro[i].done && c.fate_of(s.recvs[i].peer) != fate::live) gone = s.recvs[i].peer;
+    if (!s.ro[i].done && s.recv_open(i) && c.fate_of(s.recvs[i].peer) != fate::live) gone = s.recvs[i].peer;
   for (std::size_t i = 0; i < s.sends.size() && gone < 0; ++i)
-    if (!s.so[i].done && c.fate_of(s.sends[i].peer) != fate::live) gone = s.sends[i].peer;
+    if (!s.so[i].done && s.send_open(i) && c.fate_of(s.sends[i].peer) != fate::live) gone = s.sends[i].peer;
   const int f = c.failed_rank();
   const bool elsewhere = f >= 0 && f != call.rank;
   if (gone < 0 && !elsewhere) return false;
@@ -276,6 +285,7 @@ void block(C& c, St& s) {
 namespace detail_engine {
 template <class C, class St>
 void begin(C& c, St& s, std::span<const send_desc> sends, std::span<const recv_desc> recvs, const exchange_context& ctx) {
+  s.gate = nullptr;  // (exchange_pair sets it)
   s.sends = sends;
   s.recvs = recvs;
   s.ctx = &ctx;
@@ -378,17 +388,80 @@ void exchange(C& c, St& s, std::span<const send_desc> sends, std::span<const rec
   }
 }
 
+/// The order rule across the two channels of exchange_pair: side x's receive i (x = 0: a, 1: b)
+/// also waits for the other side's receives on[x][first[x][i] .. first[x][i+1]), those of the
+/// step before it whose memory it reduces into (reads_what_writes). Empty `first[x]`: none.
+struct cross_order {
+  std::vector<std::uint32_t> first[2], on[2];
+  void clear() {
+    for (int x = 0; x < 2; ++x) {
+      first[x].clear();
+      on[x].clear();
+    }
+  }
+  /// From the step's receives in their order, `side[k]` and `index[k]` saying where receive k
+  /// went (side 0 or 1, its index there). Leaves it empty when no receive waits across.
+  void build(std::span<const recv_desc> recvs, std::span<const std::uint8_t> side, std::span<const std::uint32_t> index) {
+    clear();
+    bool any = false;
+    for (std::size_t k = 0; k < recvs.size(); ++k) {
+      const int x = side[k];
+      if (first[x].empty()) first[x].push_back(0);
+      for (std::size_t j = 0; j < k; ++j)
+        if (side[j] != x && reads_what_writes(recvs[k], recvs[j])) {
+          on[x].push_back(index[j]);
+          any = true;
+        }
+      first[x].push_back(std::uint32_t(on[x].size()));
+    }
+    if (!any) clear();
+  }
+};
+
+namespace detail_engine {
+template <class St>
+struct cross_gate {
+  const cross_order* order;
+  int side;
+  const St* other;
+};
+template <class St>
+bool cross_open(const void* c, std::size_t i) {
+  const auto& g = *static_cast<const cross_gate<St>*>(c);
+  const std::vector<std::uint32_t>& first = g.order->first[g.side];
+  for (std::uint32_t k = first[i]; k < first[i + 1]; ++k)
+    if (!g.other->ro[g.order->on[g.side][k]].done) return false;
+  return true;
+}
+}  // namespace detail_engine
+
 /// Runs one step whose operations lie on two channels (transport::two_level: peers on this node
 /// over one transport, peers on other nodes over another), each with its own operations, step
 /// state and context (the two calls name the same call, each numbering ranks as its transport
 /// does: call_info::up). Both move in every sweep; the order rule holds on each, and the two
-/// share no peer.
+/// share no peer; `order`, when given, orders receives across them (cross_order).
 template <class C1, class St1, class C2, class St2>
 void exchange_pair(C1& a, St1& sa, std::span<const send_desc> sends_a, std::span<const recv_desc> recvs_a,
                    const exchange_context& ctx_a, C2& b, St2& sb, std::span<const send_desc> sends_b,
-                   std::span<const recv_desc> recvs_b, const exchange_context& ctx_b) {
+                   std::span<const recv_desc> recvs_b, const exchange_context& ctx_b, const cross_order* order = nullptr) {
+  const detail_engine::cross_gate<St2> gate_a{order, 0, &sb};
+  const detail_engine::cross_gate<St1> gate_b{order, 1, &sa};
+  const bool across = order != nullptr && !(order->first[0].empty() && order->first[1].empty());
+  auto gate_of = [&](int x) -> bool (*)(const void*, std::size_t) {
+    if (!across || order->first[x].empty()) return nullptr;
+    return x == 0 ? &detail_engine::cross_open<St2> : &detail_engine::cross_open<St1>;
+  };
   detail_engine::begin(a, sa, sends_a, recvs_a, ctx_a);
   detail_engine::begin(b, sb, sends_b, recvs_b, ctx_b);
+  sa.gate = gate_of(0);  // (once both steps are begun: each gate reads the other's state)
+  sa.gate_ctx = &gate_a;
+  sb.gate = gate_of(1);
+  sb.gate_ctx = &gate_b;
+  struct ungate {  // (the gates point into this frame)
+    St1& sa;
+    St2& sb;
+    ~ungate() { sa.gate = nullptr, sb.gate = nullptr; }
+  } const keep{sa, sb};
   for (;;) {
     bool m = detail_engine::sweep(a, sa);
     m = detail_engine::sweep(b, sb) || m;

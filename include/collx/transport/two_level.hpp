@@ -130,6 +130,23 @@ class two_level {
     };
     place(sends, ls_, os_);
     place(recvs, lr_, or_);
+    // A receive that reduces into what an earlier receive writes waits for it (the order rule),
+    // also when the two lie on different transports (engine::cross_order).
+    bool chained = false;
+    for (const recv_desc& r : recvs) chained = chained || r.with != nullptr || r.with_spread.of != nullptr;
+    if (chained && !lr_.empty() && !or_.empty()) {
+      side_.clear();
+      index_.clear();
+      std::uint32_t at[2] = {0, 0};
+      for (const recv_desc& r : recvs) {
+        const std::uint8_t x = nodes_.same_node(r.peer, call.rank) ? 0 : 1;
+        side_.push_back(x);
+        index_.push_back(at[x]++);
+      }
+      order_.build(recvs, side_, index_);
+    } else {
+      order_.clear();
+    }
     call_info sub = on_node(call);
     const exchange_context lctx{&sub, ctx.comb, ctx.synchronous};
     struct keep_first_wait {  // the whole call's deadline counts from its first wait, on either
@@ -141,7 +158,7 @@ class two_level {
     } keep{call, sub};
     if (!remote) return in_.exchange(ls_, lr_, lctx);
     in_.engage(sub, [&](auto& ca, auto& sa) {
-      out_.engage(call, [&](auto& cb, auto& sb) { engine::exchange_pair(ca, sa, ls_, lr_, lctx, cb, sb, os_, or_, ctx); });
+      out_.engage(call, [&](auto& cb, auto& sb) { engine::exchange_pair(ca, sa, ls_, lr_, lctx, cb, sb, os_, or_, ctx, &order_); });
     });
   }
 
@@ -342,6 +359,9 @@ class two_level {
   node_map nodes_;
   std::vector<send_desc> ls_, os_;  // a mixed step's sends on the node and across (reused)
   std::vector<recv_desc> lr_, or_;
+  std::vector<std::uint8_t> side_;   // each receive's side (0: on the node) and index there,
+  std::vector<std::uint32_t> index_;  // to build order_ from
+  engine::cross_order order_;
 };
 
 }  // namespace collx::transport
