@@ -145,11 +145,15 @@ void training_loop(Comm& world, const loop_plan& p, rank_report& me_rep) {
   me_rep.shm_left = shm_names("collx-lp" + std::to_string(::getppid()) + "-");  // launch_processes names the job so
 }
 
-/// launch_processes over shm or tcp ("shm", "tcp"), through transport::any.
+/// launch_processes over shm or tcp ("shm", "tcp"), through transport::any; "nodes": two
+/// nodes of processes, shm within and tcp across (launch_node_processes: two_level<shm, tcp>),
+/// ranks dealt out round-robin, so each node holds ranks of both halves of the job.
 template <class F>
 void launch_on(const std::string& transport, int n, F&& body, collx::options o = {}) {
   if (transport == "tcp")
     collx::launch_processes<collx::transport::as_any>(n, std::forward<F>(body), o, collx::transport::tcp_config{});
+  else if (transport == "nodes")
+    collx::launch_node_processes(collx::node_map::of_sizes({n - n / 2, n / 2}, true), std::forward<F>(body), o);
   else
     collx::launch_processes<collx::transport::as_any>(n, std::forward<F>(body), o);
 }
@@ -410,6 +414,21 @@ TEST_CASE("shrink over processes: tcp with TLS, 5 ranks, one SIGKILLed mid-step,
   p.kill_steps = {5};
   p.seed = 11;
   process_run("tcp", p, 5);
+}
+
+TEST_CASE("shrink over nodes (shm within, tcp across): 5 ranks on 3 + 2, one SIGKILLed mid-step, the others shrink and finish",
+          "[processes][two_level]") {
+  // The survivors agree over tcp, then each node's survivors split a node segment of their own:
+  // a node that loses a rank goes on with the rest, the other keeps all of its.
+  for (int victim : {2, 1}) {
+    INFO("victim " << victim);
+    loop_plan p;
+    p.steps = 12;
+    p.victims = {victim};
+    p.kill_steps = {5};
+    p.seed = std::uint64_t(victim + 11);
+    process_run("nodes", p, 5);
+  }
 }
 
 TEST_CASE("shrink over processes: 8 ranks, two SIGKILLed, in one step or in two, the others finish", "[processes]") {

@@ -26,7 +26,9 @@
 // domains, CPUs and memory (from its local rank 0), and the transport of each level.
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -210,6 +212,36 @@ class two_level {
     lp.size = int(lp.members.size());
     lp.offers.resize(lp.members.size());
     Intra in = in_.split(lp, in_.prepare_split());
+    return two_level(std::move(in), std::move(out), std::move(nm));
+  }
+
+  /// communicator::shrink (core/split_plan.hpp): the survivors agree over Inter, which reaches
+  /// every rank, on who goes on; then over Intra each node's survivors meet in a node transport
+  /// of their own (its own shrink: a revoked shm segment makes no split). The two must name the
+  /// same ranks on this node; they differ only when a rank dies between the two, and then this
+  /// fails, naming both lists, as a shrink that loses a rank while it decides does.
+  two_level shrink(const shrink_request& q, std::vector<int>& members)
+    requires requires(Inter& t, Intra& i, std::vector<int>& m) {
+      { t.shrink(q, m) } -> std::same_as<Inter>;
+      { i.shrink(q, m) } -> std::same_as<Intra>;
+    }
+  {
+    Inter out = out_.shrink(q, members);
+    std::vector<int> on_node;
+    Intra in = in_.shrink(q, on_node);
+    node_map nm = nodes_.restricted(members);
+    const int me = int(std::find(members.begin(), members.end(), rank()) - members.begin());
+    std::vector<int> want;
+    for (int m : nm.members[std::size_t(nm.node_of[std::size_t(me)])]) want.push_back(nodes_.local_of[std::size_t(members[std::size_t(m)])]);
+    if (on_node != want) {
+      auto list = [](const std::vector<int>& v) {
+        std::string t;
+        for (int x : v) t += (t.empty() ? "" : ", ") + std::to_string(x);
+        return "{" + t + "}";
+      };
+      throw error(errc::peer_lost, q.what + ": this node's survivors, local ranks " + list(on_node) +
+                                       ", are not the job's survivors on it, " + list(want) + " (a rank was lost while the shrink decided)");
+    }
     return two_level(std::move(in), std::move(out), std::move(nm));
   }
 
