@@ -17,10 +17,11 @@
 // fold_op) reduces the N contributions in rank order. It sends and receives what the ring's
 // reduce-scatter does, (N-1)/N·D per rank, in N-1 steps (one for small blocks), and keeps
 // (N-1)/N·D of scratch per segment; every reduction happens once, on the block's owner. Where
-// the op accumulates in the element type itself and divides nothing at the end (float or double
-// sum, prod, a user's op: ops::stepwise_exact_v), reducing two at a time gives the fold's bits,
-// and the owner reduces each contribution as it arrives, in rank order, where it lies (no slot,
-// no second pass: direct_reduce_scatter's `stepwise`).
+// the op accumulates in the element type itself and divides nothing at the end (a float sum, a
+// double sum, a product, a user's op: ops::stepwise_exact_v), reducing two at a time gives the
+// fold's bits, and the owner reduces each contribution as it arrives, in rank order, where it
+// lies: two steps, one block of scratch for the lower ranks' partial sum, no second pass
+// (direct_reduce_scatter's `stepwise`).
 // all_reduce: that reduce-scatter, then Inner's all-gather (copies: exact in any order), in
 // segments as every composed all-reduce (algo/compose.hpp); a small one (the N inputs within
 // tuning::deterministic_gather_bytes) gathers every input on every rank in ceil(log2 N) steps
@@ -87,9 +88,11 @@ struct deterministic {
     const partition blocks(p.count, n);
     const std::size_t slot = blocks.max_count();
     // the root's block lands in its output; another rank's in scratch after the slots, to send
+    // (stepwise, the reduce-scatter keeps one slot of scratch, the fold N-1)
+    const std::size_t mine_at = (p.stepwise_exact ? 1 : std::size_t(n - 1)) * slot;
     const region mine = r == p.root ? region{buf::out, blocks.offset(r), blocks.count(r)}
-                                    : region{buf::tmp, std::size_t(n - 1) * slot, blocks.count(r)};
-    if (r != p.root) s.need_tmp(std::size_t(n) * slot);
+                                    : region{buf::tmp, mine_at, blocks.count(r)};
+    if (r != p.root) s.need_tmp(mine_at + slot);
     direct_reduce_scatter(s, r, n, blocks, buf::in, mine, p.elem_size, p.stepwise_exact);
     if (n == 1) return s;
     s.next_step();

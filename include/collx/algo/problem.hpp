@@ -39,6 +39,7 @@ struct rs_problem {
   /// Reducing two contributions at a time in the element type gives the bits the deterministic
   /// mode's fold gives (ops::stepwise_exact_v: the op accumulates in the element type and does
   /// not finalize), so algo::deterministic may reduce as it receives (algo/deterministic.hpp).
+  /// Set for algo::deterministic only: other policies' schedules would be cached twice.
   bool stepwise_exact = false;
 
   region block(buf b, int i) const { return {b, blocks.offset(i), blocks.count(i)}; }

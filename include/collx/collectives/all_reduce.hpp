@@ -19,7 +19,7 @@ void all_reduce_with(communicator<T>& comm, const call_info& call, const Bufs& b
                      const P& pol) {
   static_assert(check_reducing<E, Op, P>());
   const buf src = b.in_place() ? buf::out : buf::in;
-  const algo::ar_problem p{comm.rank(), comm.size(), count, sizeof(E), is_commutative_v<Op>, src, stepwise_exact_v<Op, E>};
+  const algo::ar_problem p{comm.rank(), comm.size(), count, sizeof(E), is_commutative_v<Op>, src, algo::is_deterministic_v<P> && stepwise_exact_v<Op, E>};
   if constexpr (requires(const algo::ar_problem& q, const node_map& m) { pol.all_reduce(q); } ||
                 requires(const algo::ar_problem& q, const node_map& m) { pol.all_reduce(q, m); }) {
     // The policy's own all-reduce (over the communicator's node map for a node-aware one: the

@@ -13,7 +13,8 @@ void reduce_with(communicator<T>& comm, const call_info& call, std::span<const E
   static_assert(requires(const algo::reduce_problem& p, const node_map& m) { pol.reduce(p); } ||
                     requires(const algo::reduce_problem& p, const node_map& m) { pol.reduce(p, m); },
                 "collx: this policy has no reduce schedule (ring, tree and recursive_halving have one)");
-  const algo::reduce_problem p{comm.rank(), comm.size(), root, in.size(), sizeof(E), is_commutative_v<Op>, stepwise_exact_v<Op, E>};
+  const algo::reduce_problem p{comm.rank(), comm.size(), root, in.size(), sizeof(E), is_commutative_v<Op>,
+                                algo::is_deterministic_v<P> && stepwise_exact_v<Op, E>};
   const auto s = cached(comm, pol, p, [&] {
         schedule x = plan(comm, [&](const auto&... m) -> decltype(pol.reduce(p, m...)) { return pol.reduce(p, m...); });
         if (!algo::is_deterministic_v<P> && p.rank == p.root) x.finalize({buf::out, 0, p.count});  // (deterministic's folds finalize)

@@ -14,7 +14,8 @@ void reduce_scatter_blocks(communicator<T>& comm, const call_info& call, const E
   static_assert(requires(const algo::rs_problem& p, const node_map& m) { a.reduce_scatter(p); } ||
                     requires(const algo::rs_problem& p, const node_map& m) { a.reduce_scatter(p, m); },
                 "collx: this policy has no reduce_scatter schedule (ring, tree and recursive_halving have one)");
-  const algo::rs_problem p{comm.rank(), comm.size(), blocks, src, work, sizeof(E), is_commutative_v<Op>, stepwise_exact_v<Op, E>};
+  const algo::rs_problem p{comm.rank(), comm.size(), blocks, src, work, sizeof(E), is_commutative_v<Op>,
+                            algo::is_deterministic_v<Algo> && stepwise_exact_v<Op, E>};
   const auto s = cached(comm, a, p, [&] {
         schedule x = plan(comm, [&](const auto&... m) -> decltype(a.reduce_scatter(p, m...)) { return a.reduce_scatter(p, m...); });
         if constexpr (!algo::is_deterministic_v<Algo>) x.finalize(p.result());  // (deterministic's fold finalizes)
