@@ -146,14 +146,14 @@ void training_loop(Comm& world, const loop_plan& p, rank_report& me_rep) {
 }
 
 /// launch_processes over shm or tcp ("shm", "tcp"), through transport::any; "nodes": two
-/// nodes of processes, shm within and tcp across (launch_node_processes: two_level<shm, tcp>),
-/// ranks dealt out round-robin, so each node holds ranks of both halves of the job.
+/// nodes of processes, shm within and tcp across (launch_node_processes: two_level<shm, tcp>,
+/// through transport::any too, so the loop is compiled once), ranks dealt out round-robin.
 template <class F>
 void launch_on(const std::string& transport, int n, F&& body, collx::options o = {}) {
   if (transport == "tcp")
     collx::launch_processes<collx::transport::as_any>(n, std::forward<F>(body), o, collx::transport::tcp_config{});
   else if (transport == "nodes")
-    collx::launch_node_processes(collx::node_map::of_sizes({n - n / 2, n / 2}, true), std::forward<F>(body), o);
+    collx::launch_node_processes<collx::transport::as_any>(collx::node_map::of_sizes({n - n / 2, n / 2}, true), std::forward<F>(body), o);
   else
     collx::launch_processes<collx::transport::as_any>(n, std::forward<F>(body), o);
 }

@@ -51,17 +51,22 @@ void launch_node_threads(const node_map& nm, F&& f, options opts = {}) {
   launch_node_threads<detail::no_decorator>(nm, std::forward<F>(f), opts);
 }
 
-template <class F>
+template <template <class> class Decorator, class F>
 void launch_node_processes(const node_map& nm, F&& f, options opts = {}, transport::tcp_config cfg = {}, transport::shm::config scfg = {}) {
   const int n = nm.size();
   if (n < 1) throw error(errc::invalid_argument, "launch_node_processes: the node map has no ranks");
   const std::string job = detail::unique_job_name();
   detail::shm_job_cleanup cleanup{transport::shm::segment_name(job)};  // (each node's is named after it)
-  detail::launch_tcp_processes<detail::no_decorator>(
+  detail::launch_tcp_processes<Decorator>(
       n, job, std::forward<F>(f), opts, std::move(cfg), [&](transport::tcp t, const std::string& j, int r) {
         ::setenv("COLLX_NODE", ("node" + std::to_string(nm.node_of[std::size_t(r)])).c_str(), 1);
         return transport::two_level<transport::shm, transport::tcp>::connect(std::move(t), j, scfg);
       });
+}
+
+template <class F>
+void launch_node_processes(const node_map& nm, F&& f, options opts = {}, transport::tcp_config cfg = {}, transport::shm::config scfg = {}) {
+  launch_node_processes<detail::no_decorator>(nm, std::forward<F>(f), std::move(opts), std::move(cfg), std::move(scfg));
 }
 
 }  // namespace collx
