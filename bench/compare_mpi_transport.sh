@@ -9,7 +9,9 @@
 # at 8 B (2000 calls) and at 1 MiB and 16 MiB (10 calls), and prints per point the median time of
 # each and the ratios (time collx/MPI < 1: collx faster; busbw collx/MPI > 1: collx faster).
 #
-# Environment: REPS [5], NS ["2 4"], PATHS ["vader tcp"], COLLS ["all_reduce all_gather"].
+# Environment: REPS [5], NS ["2 4"], PATHS ["vader tcp"], COLLS ["all_reduce all_gather"],
+# THREADS [single]: the level MPI is started with, for both (multiple: what collx::async needs;
+# Open MPI then locks in every call, its own collectives' too).
 # Run it on an idle machine: a waiting collx rank sleeps (it leaves its core to its peer), and
 # beside a build it wakes late.
 set -euo pipefail
@@ -28,7 +30,7 @@ for rep in $(seq "${REPS:-5}"); do
           [[ $who == collx ]] && flag=(--collx)
           run() {
             mpirun -np "$np" --oversubscribe --bind-to core:overload-allowed --mca pml ob1 --mca btl "self,$path" \
-              "$perf" "${flag[@]}" --op "$op" "$@" 2>/dev/null | grep -v '^#' |
+              "$perf" "${flag[@]}" --thread-level "${THREADS:-single}" --op "$op" "$@" 2>/dev/null | grep -v '^#' |
               awk -v p="$path" -v n="$np" -v o="$op" -v w="$who" 'NF >= 8 {print p, n, o, w, $1, $6, $8}' >> "$raw"
           }
           run -b 8 -e 8 -n 2000 -w 100

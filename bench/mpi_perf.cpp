@@ -208,6 +208,8 @@ void usage(std::FILE* f) {
                "  -o, --redop OP             sum (the only one)\n"
                "  -r, --root R               root of broadcast (default 0)\n"
                "  --collx                    collx's collectives over transport::mpi instead of MPI's\n"
+               "  --thread-level L           single (default) or multiple: how MPI is started, for either\n"
+               "                             (collx::async needs multiple; Open MPI then locks in every call)\n"
                "  --bf16-vs-user-op SIZE     a bfloat16 all_reduce of SIZE bytes: MPI_Allreduce with a user-defined\n"
                "                             MPI_Op against collx over transport::mpi (--reps K, default 5)\n"
                "%s"
@@ -251,17 +253,34 @@ int main(int argc, char** argv) {
     return 2;
 #endif
   }
-  // --collx: collx's transport::mpi (its progress thread may call MPI: thread level multiple)
+  // --collx: collx's transport::mpi. --thread-level single|multiple: the level MPI is started
+  // with, the same for MPI's collectives and collx's (default single; collx's calls come from
+  // this thread only: collx::async's progress thread is what needs multiple, and Open MPI then
+  // locks in every call, MPI's own collectives' too)
   bool use_collx = false;
-  for (int i = 1; i < argc; ++i)
+  int level = MPI_THREAD_SINGLE;
+  for (int i = 1; i < argc;) {
+    int took = 0;
     if (std::strcmp(argv[i], "--collx") == 0) {
       use_collx = true;
-      for (int j = i; j + 1 < argc; ++j) argv[j] = argv[j + 1];
-      --argc;
-      break;
+      took = 1;
+    } else if (std::strcmp(argv[i], "--thread-level") == 0 && i + 1 < argc) {
+      if (std::strcmp(argv[i + 1], "multiple") == 0) level = MPI_THREAD_MULTIPLE;
+      else if (std::strcmp(argv[i + 1], "single") != 0) {
+        std::fprintf(stderr, "mpi-perf: --thread-level takes single or multiple, not '%s'\n", argv[i + 1]);
+        return 2;
+      }
+      took = 2;
     }
+    if (took == 0) {
+      ++i;
+      continue;
+    }
+    for (int j = i; j + took < argc; ++j) argv[j] = argv[j + took];
+    argc -= took;
+  }
   int provided = 0;
-  MPI_Init_thread(&argc, &argv, use_collx ? MPI_THREAD_MULTIPLE : MPI_THREAD_SINGLE, &provided);
+  MPI_Init_thread(&argc, &argv, level, &provided);
   int rank = 0, n = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &n);

@@ -11,6 +11,10 @@
 //       one rank, started by a launcher (torchrun's, mpirun's or srun's variables: tcp::from_env;
 //       under mpirun no MASTER_ADDR: tcp meets through its PMIx store), its node from COLLX_NODE
 //       or its host name (bench/netns_nodes.sh starts one per namespace)
+//   collx-nodes-perf --from-env --link [--expect-rate GBIT] [--expect-delay MS]
+//       the link between nodes as automatic measured it at its first call (α, rate, δ: the
+//       model's numbers between nodes); with --expect-*: exit 1 unless the rate is within
+//       0.5-1.1 of GBIT and α at least 0.9 of MS (netns_nodes.sh --rate --delay set them)
 //   mpirun ... collx-nodes-perf --mpi --check
 //       (built where MPI is found) the same check over transport::mpi: flat on MPI_COMM_WORLD,
 //       then two_level<shm, mpi>, the nodes from the host names; then two_level<shm, tcp> from
@@ -41,7 +45,8 @@ namespace algo = collx::algo;
 
 struct flags {
   std::vector<int> nodes{2, 2};
-  bool round_robin = false, from_env = false, check = false, mpi = false;
+  bool round_robin = false, from_env = false, check = false, mpi = false, link = false;
+  double expect_gbit = 0, expect_delay_ms = 0;  // --link's check (0: none)
   std::size_t min_bytes = 8, max_bytes = 64 << 20;
   int factor = 8, reps = 5;
   std::string coll = "all_reduce";
@@ -216,6 +221,30 @@ int check(Comm& comm) {
   return bad;
 }
 
+/// --link: one call through automatic (its setup measures the link between nodes), then rank 0
+/// prints the numbers the model took and checks them against --expect-rate/--expect-delay.
+/// Returns the process's exit status.
+template <class Comm>
+int link(Comm& comm, const flags& fl) {
+  float x = 1;
+  collx::all_reduce(comm, std::span{&x, 1}, collx::ops::sum{});
+  if (comm.rank() != 0) return 0;
+  const auto& st = comm.automatic();
+  const double gbit = st.net.beta > 0 ? 8e-9 / st.net.beta : 0, alpha_ms = st.net.alpha * 1e3;
+  std::printf("collx-nodes-perf --link: %s\n  between nodes: alpha %.1f us, %.3g Gbit/s, delta %.2f\n  automatic's numbers: %s\n",
+              layout(comm).c_str(), st.net.alpha * 1e6, gbit, st.net.delta, st.source.c_str());
+  bool ok = true;
+  if (fl.expect_gbit > 0 && !(gbit >= 0.5 * fl.expect_gbit && gbit <= 1.1 * fl.expect_gbit)) {
+    std::printf("LINK WRONG: %.3g Gbit/s measured, the link has %.3g\n", gbit, fl.expect_gbit);
+    ok = false;
+  }
+  if (fl.expect_delay_ms > 0 && alpha_ms < 0.9 * fl.expect_delay_ms) {
+    std::printf("LINK WRONG: alpha %.3f ms measured, under the link's delay of %.3f ms\n", alpha_ms, fl.expect_delay_ms);
+    ok = false;
+  }
+  return ok ? 0 : 1;
+}
+
 flags parse(int argc, char** argv) {
   flags f;
   for (int i = 1; i < argc; ++i) {
@@ -236,6 +265,9 @@ flags parse(int argc, char** argv) {
     else if (a == "--from-env") f.from_env = true;
     else if (a == "--check") f.check = true;
     else if (a == "--mpi") f.mpi = true;
+    else if (a == "--link") f.link = true;
+    else if (a == "--expect-rate") f.expect_gbit = std::stod(value());
+    else if (a == "--expect-delay") f.expect_delay_ms = std::stod(value());
     else if (a == "-b") f.min_bytes = bench_cli::parse_size(a, value());
     else if (a == "-e") f.max_bytes = bench_cli::parse_size(a, value());
     else if (a == "-f") f.factor = int(bench_cli::parse_int(a, value(), 2, 1024));
@@ -246,7 +278,7 @@ flags parse(int argc, char** argv) {
         throw usage_error("-c " + f.coll + ": all_reduce, reduce_scatter, all_gather, broadcast or reduce");
     }
     else throw usage_error("unknown flag " + a +
-                           " (collx-nodes-perf [--nodes 2,2] [--round-robin] [--from-env [--check]] [--mpi --check] [-c all_reduce] [-b 8] [-e 64M] [-f 8] [--reps 5])");
+                           " (collx-nodes-perf [--nodes 2,2] [--round-robin] [--from-env [--check | --link [--expect-rate GBIT] [--expect-delay MS]]] [--mpi --check] [-c all_reduce] [-b 8] [-e 64M] [-f 8] [--reps 5])");
   }
   return f;
 }
@@ -280,6 +312,7 @@ int main(int argc, char** argv) {
     if (fl.from_env) {
       collx::communicator comm{collx::transport::two_level<collx::transport::shm, collx::transport::tcp>::from_env()};
       if (fl.check) return check(comm) == 0 ? 0 : 1;
+      if (fl.link) return link(comm, fl);
       run(comm, fl);
     } else {
       collx::launch_node_processes(collx::node_map::of_sizes(fl.nodes, fl.round_robin), [&](auto& comm) { run(comm, fl); });

@@ -122,6 +122,65 @@ void automatic_exchange(communicator<T>& comm, const schedule& s, std::byte* p, 
   on_transport_memory(comm, p, bytes, [&](std::byte* q) { execute(comm, call, s, static_cast<const std::byte*>(q), q, no_op{}); });
 }
 
+/// The link between nodes, measured: what a calibration file cannot know, since
+/// `collx-perf --calibrate --transport tcp` times loopback on one host. Rank 0 and the first rank
+/// on another node pass messages over the transport between nodes: 8 B back and forth (α: half
+/// the round trip, collx's own cost included, as the model's α is), 512 KiB and 2 MiB back and
+/// forth (β: the slope between the two, so a burst the link lets through at once, as a token
+/// bucket does, is not read as bandwidth: from 8 B to 1 MiB read a 1 Gbit/s bucket of 256 KB as
+/// 1.24 Gbit/s), and 2 MiB both ways at once (δ: what sending while receiving adds). Medians of
+/// kRounds each, after a first round that opens the link. Collective over the
+/// communicator: every rank makes the same calls (the others' schedules are empty: their calls
+/// still count, so every rank's next call has the same number), the two measure, rank 0 gets the
+/// numbers. Tens of milliseconds at 1 Gbit/s, once per communicator.
+struct link_measure {
+  double alpha = 0, beta = 0, delta = 0;
+  int peer = -1;
+};
+template <class T>
+link_measure measure_link_between_nodes(communicator<T>& comm, const node_map& nm) {
+  link_measure m;
+  for (int r = 1; r < comm.size() && m.peer < 0; ++r)
+    if (!nm.same_node(0, r)) m.peer = r;
+  if (m.peer < 0) return m;
+  const int me = comm.rank();
+  const bool measures = me == 0 || me == m.peer;
+  constexpr std::size_t kSmall = 8, kMid = std::size_t(512) << 10, kLarge = std::size_t(2) << 20;
+  constexpr int kRounds = 3, kSmallRounds = 9;  // (8 B costs nothing: more rounds, for the namespaces' noisy wakeups)
+  const int other = me == 0 ? m.peer : 0;
+  std::vector<std::byte> b(2 * kLarge, std::byte{0});
+  auto median_of = [&](std::size_t bytes, bool both_ways, int rounds) {
+    schedule s;
+    const region first{buf::out, 0, bytes}, second{buf::out, kLarge, bytes};
+    if (!measures) {
+    } else if (both_ways) {
+      s.at(0);
+      s.send(other, first);
+      s.recv(other, second);
+    } else {  // rank 0 sends, the peer answers
+      s.at(0);
+      me == 0 ? s.send(other, first) : s.recv(other, first);
+      s.at(1);
+      me == 0 ? s.recv(other, second) : s.send(other, second);
+    }
+    std::vector<double> t;
+    for (int k = 0; k <= rounds; ++k) {
+      const auto t0 = std::chrono::steady_clock::now();
+      automatic_exchange(comm, s, b.data(), b.size());
+      if (k > 0) t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::nth_element(t.begin(), t.begin() + rounds / 2, t.end());
+    return t[std::size_t(rounds / 2)];
+  };
+  const double small = median_of(kSmall, false, kSmallRounds) / 2, mid = median_of(kMid, false, kRounds) / 2,
+               large = median_of(kLarge, false, kRounds) / 2, both = median_of(kLarge, true, kRounds);
+  if (me != 0) return m;
+  m.alpha = small;
+  m.beta = std::max(large - mid, 1e-12) / double(kLarge - kMid);
+  m.delta = std::clamp((both - large) / (m.beta * double(kLarge)), 0.0, 1.0);
+  return m;
+}
+
 /// algo::automatic's first call on a communicator: reads this rank's COLLX_ALGO (an error here
 /// if misspelt) and its parameters, then takes rank 0's, so every rank decides alike.
 template <class T>
@@ -131,10 +190,11 @@ void automatic_setup(communicator<T>& comm) {
   struct blob {
     typename communicator<T>::automatic_state::numbers n, node, net;
     bool levels;
+    bool probe;  // measure the link between nodes (measure_link_between_nodes)
     std::int8_t per[algo::kCollectives];
     std::int8_t all;
     bool tune;
-    char source[256];
+    char source[640];
   } b{};
   static_assert(std::is_trivially_copyable_v<blob>);
   // Every rank checks its own COLLX_ALGO (a misspelt value is an error wherever it is set);
@@ -157,6 +217,7 @@ void automatic_setup(communicator<T>& comm) {
         pn = model::params_for(within, nm.widest());
         pt = model::params_for(between, comm.size());
         b.levels = true;
+        b.probe = nm.nodes() > 1 && env_int("COLLX_PROBE_LINK", 0ll, 1ll, 1ll) == 1;
         p.source = "node: " + pn.source + "; between nodes: " + pt.source;
       });
     }
@@ -174,6 +235,26 @@ void automatic_setup(communicator<T>& comm) {
     schedule s;
     algo::binomial::broadcast(s, 0, comm.rank(), comm.size(), 0, {buf::out, 0, sizeof b});
     automatic_exchange(comm, s, reinterpret_cast<std::byte*>(&b), sizeof b);
+    if (b.probe) {
+      // Between nodes: the link measured, in place of loopback's numbers (a line: no curve, no
+      // per-policy fit), then rank 0's numbers to every rank again.
+      with_levels(comm.transport(), [&](const char*, const char*, const node_map& nm) {
+        const link_measure m = measure_link_between_nodes(comm, nm);
+        if (comm.rank() != 0 || m.peer < 0) return;  // (rank 0 has the numbers)
+        b.net.alpha = m.alpha;
+        b.net.beta = m.beta;
+        b.net.delta = m.delta;
+        b.net.curve = {};
+        b.net.fit = {};
+        b.net.cores = b.net.ranks = 0;
+        char line[160];
+        std::snprintf(line, sizeof line, "; between nodes measured now (ranks 0 and %d): alpha %.1f us, %.3g Gbit/s, delta %.2f", m.peer,
+                      m.alpha * 1e6, 8e-9 / m.beta, m.delta);
+        const std::string src = std::string(b.source, strnlen(b.source, sizeof b.source)) + line;
+        std::snprintf(b.source, sizeof b.source, "%s", src.c_str());
+      });
+      automatic_exchange(comm, s, reinterpret_cast<std::byte*>(&b), sizeof b);
+    }
   }
   st.n = b.n;
   st.node = b.node;

@@ -351,6 +351,7 @@ class mpi {
     MPI_Request rq;
     bool head_posted = false, head_done = false, data_posted = false;
     bool staged = false;  // the payload lands in a staging buffer (a reduction, a spread operand)
+    std::size_t got = 0;  // bytes of the header message (its buffer keeps its size: no refill)
   };
   using step = engine::step<send_state, recv_state>;
   struct token {};
@@ -408,10 +409,12 @@ class mpi {
       if (!aside_[std::size_t(d.peer)].empty()) {  // recv_any took it already
         b = std::move(aside_[std::size_t(d.peer)].front());
         aside_[std::size_t(d.peer)].pop_front();
+        st.got = b.size();
       } else {
         if (!st.head_posted) {
-          b.resize(sizeof(mpi_detail::header) + kInline);
-          check_call(call, MPI_Irecv(b.data(), int(b.size()), MPI_BYTE, at(d.peer), head_tag(), comm_->c, &st.rq), "MPI_Irecv", d.peer);
+          // (the buffer only grows: a resize down and up again would zero 4 KiB per receive)
+          if (b.size() < sizeof(mpi_detail::header) + kInline) b.resize(sizeof(mpi_detail::header) + kInline);
+          check_call(call, MPI_Irecv(b.data(), int(sizeof(mpi_detail::header) + kInline), MPI_BYTE, at(d.peer), head_tag(), comm_->c, &st.rq), "MPI_Irecv", d.peer);
           st.head_posted = true;
         }
         int flag = 0;
@@ -420,15 +423,15 @@ class mpi {
         if (!flag) return engine::moved::nothing;
         int got = 0;
         MPI_Get_count(&status, MPI_BYTE, &got);
-        b.resize(std::size_t(std::max(got, 0)));
+        st.got = std::size_t(std::max(got, 0));
       }
-      const mpi_detail::header h = head_of(b, d.peer, call);
+      const mpi_detail::header h = head_of({b.data(), st.got}, d.peer, call);
       call.check_match(d.peer, h.sig, std::size_t(h.bytes), d.bytes);  // a peer in another call: mismatch
       call.heard(d.peer, h.sig);
       st.head_done = true;
       moved = true;
       if (d.bytes <= kInline) {
-        if (b.size() != sizeof h + d.bytes) garbage(call, d.peer, "a header whose payload is not the size it says");
+        if (st.got != sizeof h + d.bytes) garbage(call, d.peer, "a header whose payload is not the size it says");
         if (d.bytes != 0) detail::deliver(d, 0, b.data() + sizeof h, d.bytes, s.ctx->comb);
         return engine::moved::done;
       }
@@ -439,7 +442,7 @@ class mpi {
       std::byte* to = d.how == combine::copy ? detail::recv_target(d, 0, room) : nullptr;
       st.staged = to == nullptr || room < d.bytes;
       if (st.staged) {
-        b.resize(d.bytes);
+        if (b.size() < d.bytes) b.resize(d.bytes);
         to = b.data();
       }
       check_call(call, MPI_Irecv(to, int(d.bytes), MPI_BYTE, at(d.peer), data_tag(in_seq_[std::size_t(d.peer)]++), comm_->c, &st.rq), "MPI_Irecv", d.peer);
@@ -627,7 +630,7 @@ class mpi {
       }
     }
   }
-  mpi_detail::header head_of(const std::vector<std::byte>& b, int q, const call_info& call) const {
+  mpi_detail::header head_of(std::span<const std::byte> b, int q, const call_info& call) const {
     mpi_detail::header h;
     if (b.size() < sizeof h) garbage(call, q, "a message shorter than a header (" + std::to_string(b.size()) + " B)");
     std::memcpy(static_cast<void*>(&h), b.data(), sizeof h);
