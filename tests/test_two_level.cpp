@@ -262,9 +262,27 @@ TEST_CASE("algo::automatic on a communicator on several nodes: the two-level mod
     collx::launch_node_threads(lay_out(4, layout::round_robin), policies);
     for (const auto& s : ran) CHECK(s == "ring ring ");
   }
-  // One node: nothing for two levels to do; the model chooses as on any communicator.
-  collx::launch_node_threads(lay_out(2, layout::pairs), policies);
-  CHECK(ran[0].find("two_level") == std::string::npos);
+  // COLLX_ALGO names two_level, for every collective or for one: it runs at both sizes (named
+  // for another collective, all_reduce takes the global name)
+  for (const char* v : {"two_level", "tree,all_reduce=two_level", "two_level,broadcast=ring"}) {
+    const collx_test::scoped_env e("COLLX_ALGO", v);
+    collx::launch_node_threads(lay_out(4, layout::round_robin), policies);
+    for (const auto& s : ran) CHECK(s == "two_level two_level ");
+  }
+  // One node: nothing for two levels to do; the model chooses as on any communicator, and so
+  // it does where COLLX_ALGO names two_level.
+  std::string model_alone;
+  for (const char* v : {"", "two_level"}) {
+    const collx_test::scoped_env e("COLLX_ALGO", v);
+    collx::launch_node_threads(lay_out(2, layout::pairs), policies);
+    CHECK(ran[0].find("two_level") == std::string::npos);
+    if (*v == 0) model_alone = ran[0];
+    else CHECK(ran[0] == model_alone);
+  }
+  // a collective two_level has no form for is an error, as any policy's
+  const collx_test::scoped_env e("COLLX_ALGO", "all_to_all=two_level");
+  CHECK_THROWS_WITH(collx::launch_node_threads(lay_out(4, layout::round_robin), policies),
+                    Catch::Matchers::Contains("two_level has no all_to_all schedule"));
 }
 
 TEST_CASE("transport::any holding a two-level transport: its node map, the levels' model, the node-aware collectives", "[two_level]") {

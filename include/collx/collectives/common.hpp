@@ -57,6 +57,10 @@ constexpr bool check_reducing() {
   return true;
 }
 
+/// automatic_choice's answer for algo::two_level (not one of algo::policies: the two-level model
+/// chooses it, or COLLX_ALGO names it, on a communicator laid out on several nodes).
+inline constexpr algo::choice two_level_choice = algo::choice(algo::policies::size);
+
 /// COLLX_ALGO parsed (grammar in algo/automatic.hpp): per collective a choice, kModel (named
 /// `automatic`: the model, whatever the global value) or kUnset, and the global choice or
 /// kUnset. Throws errc::invalid_argument naming what is wrong.
@@ -78,7 +82,7 @@ inline algo_override parse_algo_override(std::string_view v) {
   auto policies = [] {
     std::string s;
     for (auto p : model::all_policies) s += std::string(s.empty() ? "" : ", ") + model::name(p);
-    return s + ", automatic";
+    return s + ", two_level, automatic";
   };
   std::size_t at = 0;
   while (at <= v.size()) {
@@ -91,7 +95,9 @@ inline algo_override parse_algo_override(std::string_view v) {
     const std::size_t eq = item.find('=');
     const std::string_view pname = eq == std::string_view::npos ? item : item.substr(eq + 1);
     std::int8_t pol = algo_override::kModel;
-    if (pname != "automatic") {
+    if (pname == "two_level") {
+      pol = std::int8_t(two_level_choice);
+    } else if (pname != "automatic") {
       const auto p = model::parse_policy(pname);
       if (!p) bad("unknown policy '" + std::string(pname) + "' (policies: " + policies() + ")");
       pol = std::int8_t(*p);
@@ -107,7 +113,9 @@ inline algo_override parse_algo_override(std::string_view v) {
       for (auto x : model::all_collectives) cs += std::string(cs.empty() ? "" : ", ") + model::name(x);
       bad("unknown collective '" + std::string(cname) + "' (collectives: " + cs + ")");
     }
-    if (pol >= 0 && !model::supports(algo::choice(pol), *c, true))
+    if (pol == std::int8_t(two_level_choice) && !model::two_level_supports(*c, true))
+      bad("two_level has no " + std::string(model::name(*c)) + " schedule");
+    if (pol >= 0 && pol != std::int8_t(two_level_choice) && !model::supports(algo::choice(pol), *c, true))
       bad(std::string(model::name(algo::choice(pol))) + " has no " + model::name(*c) + " schedule");
     o.per[std::size_t(*c)] = pol;
   }
@@ -346,10 +354,6 @@ inline void debug_choice(const debug_log& dbg, const model::problem& pr, const m
   dbg.write(debug_level::info, m + " (model parameters: " + source + ")");
 }
 
-/// automatic_choice's answer for algo::two_level (not one of algo::policies: the two-level model
-/// chooses it, on a communicator laid out on several nodes).
-inline constexpr algo::choice two_level_choice = algo::choice(algo::policies::size);
-
 /// The policy automatic runs for this call: COLLX_ALGO's, or the model's least predicted time.
 /// `count` is the collective's count argument (model::problem).
 /// `trying`: set when this call is one of a shape's trials (COLLX_AUTOTUNE), which the caller
@@ -363,7 +367,20 @@ algo::choice automatic_choice(communicator<T>& comm, algo::collective c, std::si
   if (n == 1) return commutative ? algo::choice_of<algo::ring> : algo::choice_of<algo::recursive_halving>;  // local copies only
   automatic_setup(comm);
   auto& st = comm.automatic();
-  const std::int8_t f = st.forced[std::size_t(c)];
+  // COLLX_ALGO's two_level runs where it can: on a communicator laid out on several nodes, for a
+  // collective and op it has a form for; elsewhere the model chooses, as for a global name
+  const bool two_level_here = [&] {
+    if constexpr (requires { comm.transport().nodes(); })
+      return st.levels && !comm.transport().nodes().flat() && model::two_level_supports(c, commutative);
+    else
+      return false;
+  }();
+  std::int8_t f = st.forced[std::size_t(c)];
+  if (f == std::int8_t(two_level_choice)) {
+    if (two_level_here) return two_level_choice;
+    f = algo_override::kModel;
+  }
+  if (f == algo_override::kUnset && st.forced_all == std::int8_t(two_level_choice) && two_level_here) return two_level_choice;
   if (f >= 0) {
     if (!model::supports(algo::choice(f), c, commutative))
       call.fail(errc::invalid_argument, std::string("COLLX_ALGO asks for ") + model::name(algo::choice(f)) + " for " +
@@ -372,7 +389,8 @@ algo::choice automatic_choice(communicator<T>& comm, algo::collective c, std::si
                                             "op; use tree or recursive_halving");
     return algo::choice(f);
   }
-  if (f != algo_override::kModel && st.forced_all >= 0 && model::supports(algo::choice(st.forced_all), c, commutative))
+  if (f != algo_override::kModel && st.forced_all >= 0 && st.forced_all != std::int8_t(two_level_choice) &&
+      model::supports(algo::choice(st.forced_all), c, commutative))
     return algo::choice(st.forced_all);
   const std::array<std::uint64_t, 4> key{std::uint64_t(c) | std::uint64_t(commutative) << 8, count, elem, std::uint64_t(n)};
   if (st.last_choice >= 0 && st.last_shape == key) return algo::choice(st.last_choice);

@@ -28,7 +28,7 @@ inline constexpr variable variables[] = {
     {"COLLX_CALL_TIMEOUT_S", "seconds (> 0, may be fractional)",
      "the longest a whole call may wait, from its first wait on, however its data trickles in (options::call_timeout); default none"},
     {"COLLX_ALGO", "policy, or collective=policy,...",
-     "overrides algo::automatic's choice: `ring`, or `all_reduce=tree,all_gather=ring` (algo/automatic.hpp)"},
+     "overrides algo::automatic's choice: `ring`, or `all_reduce=tree,all_gather=ring`; `two_level` where the communicator is on several nodes (algo/automatic.hpp)"},
     {"COLLX_AUTOTUNE", "0 or 1",
      "1: algo::automatic learns from its calls: a new shape's first calls try the model's closest candidates, timed, and the "
      "ranks keep the fastest (algo/automatic.hpp); default 0 (the model alone)"},
