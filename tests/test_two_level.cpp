@@ -279,6 +279,32 @@ TEST_CASE("algo::automatic on a communicator on several nodes: the two-level mod
     if (*v == 0) model_alone = ran[0];
     else CHECK(ran[0] == model_alone);
   }
+  // The link between nodes is measured at the first call where the two-level model runs
+  // (several nodes, not one rank on each), and every rank takes rank 0's numbers; with one rank
+  // a node, or COLLX_PROBE_LINK=0, nothing is measured
+  std::vector<std::string> src(4);
+  std::vector<double> beta(4);
+  auto source = [&](auto& comm) {
+    float x = 1;
+    collx::all_reduce(comm, std::span{&x, 1}, collx::ops::sum{});
+    src[std::size_t(comm.rank())] = comm.automatic().source;
+    beta[std::size_t(comm.rank())] = comm.automatic().net.beta;
+  };
+  collx::launch_node_threads(lay_out(4, layout::pairs), source);
+  for (int r = 0; r < 4; ++r) {
+    CHECK(src[std::size_t(r)].find("between nodes measured now (ranks 0 and 2)") != std::string::npos);
+    CHECK(beta[std::size_t(r)] == beta[0]);
+  }
+  CHECK(beta[0] > 0);
+  {
+    const collx_test::scoped_env off("COLLX_PROBE_LINK", "0");
+    collx::launch_node_threads(lay_out(4, layout::pairs), source);
+    CHECK(src[0].find("measured now") == std::string::npos);
+  }
+  src.assign(4, "");
+  collx::launch_node_threads(collx::node_map::of_sizes({1, 1}), source);
+  CHECK(src[0].find("measured now") == std::string::npos);
+  CHECK(!src[0].empty());
   // a collective two_level has no form for is an error, as any policy's
   const collx_test::scoped_env e("COLLX_ALGO", "all_to_all=two_level");
   CHECK_THROWS_WITH(collx::launch_node_threads(lay_out(4, layout::round_robin), policies),

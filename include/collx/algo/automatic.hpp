@@ -13,10 +13,11 @@
 // (`COLLX_ALGO=ring`), or per collective (`COLLX_ALGO=all_reduce=tree,all_gather=ring`), or both
 // (`ring,broadcast=tree`: a collective named explicitly takes its own). `automatic` is allowed
 // and means the model. `two_level` names algo::two_level: it runs on a communicator laid out on
-// several nodes, for a collective and op it has a form for, and elsewhere the model chooses. A misspelt name, or a policy that has no schedule for the collective
+// several nodes, for a collective and op it has a form for, and elsewhere (a non-commutative op
+// too, per collective or not) the model chooses. A misspelt name, or a policy that has no schedule for the collective
 // named, is an errc::invalid_argument error, never a silent default; a per-collective override
-// that cannot honour a non-commutative op is an error at the call, a global one yields to the
-// model for that call.
+// of a flat policy that cannot honour a non-commutative op is an error at the call, a global one
+// yields to the model for that call.
 //
 // Learning from the calls (COLLX_AUTOTUNE=1). The model is only as good as its parameters, and a
 // machine with no calibration of its own has the shipped ones, measured elsewhere. With

@@ -133,14 +133,18 @@ void automatic_exchange(communicator<T>& comm, const schedule& s, std::byte* p, 
 /// The link between nodes, measured: what a calibration file cannot know, since
 /// `collx-perf --calibrate --transport tcp` times loopback on one host. Rank 0 and the first rank
 /// on another node pass messages over the transport between nodes: 8 B back and forth (α: half
-/// the round trip, collx's own cost included, as the model's α is), 512 KiB and 2 MiB back and
+/// the round trip, collx's own cost included, as the model's α is), 512 KiB and 1 MiB back and
 /// forth (β: the slope between the two, so a burst the link lets through at once, as a token
 /// bucket does, is not read as bandwidth: from 8 B to 1 MiB read a 1 Gbit/s bucket of 256 KB as
-/// 1.24 Gbit/s), and 2 MiB both ways at once (δ: what sending while receiving adds). Medians of
+/// 1.24 Gbit/s), and 1 MiB both ways at once (δ: what sending while receiving adds). Medians of
 /// kRounds each, after a first round that opens the link. Collective over the
 /// communicator: every rank makes the same calls (the others' schedules are empty: their calls
 /// still count, so every rank's next call has the same number), the two measure, rank 0 gets the
-/// numbers. Tens of milliseconds at 1 Gbit/s, once per communicator.
+/// numbers. 10 MiB each way in all: 0.15 s of traffic at 1 Gbit/s (0.6 s measured with a job's
+/// setup between namespaces), 14 s at 10 Mbit/s, once per communicator; the calls have the
+/// communicator's deadlines (options::timeout), so a link that slow wants COLLX_PROBE_LINK=0 or a
+/// longer timeout. β is 0 where 1 MiB took no longer than 512 KiB (noise on a fast link): then
+/// the calibration's numbers stay.
 struct link_measure {
   double alpha = 0, beta = 0, delta = 0;
   int peer = -1;
@@ -153,7 +157,7 @@ link_measure measure_link_between_nodes(communicator<T>& comm, const node_map& n
   if (m.peer < 0) return m;
   const int me = comm.rank();
   const bool measures = me == 0 || me == m.peer;
-  constexpr std::size_t kSmall = 8, kMid = std::size_t(512) << 10, kLarge = std::size_t(2) << 20;
+  constexpr std::size_t kSmall = 8, kMid = std::size_t(512) << 10, kLarge = std::size_t(1) << 20;
   constexpr int kRounds = 3, kSmallRounds = 9;  // (8 B costs nothing: more rounds, for the namespaces' noisy wakeups)
   const int other = me == 0 ? m.peer : 0;
   std::vector<std::byte> b(2 * kLarge, std::byte{0});
@@ -184,7 +188,8 @@ link_measure measure_link_between_nodes(communicator<T>& comm, const node_map& n
                large = median_of(kLarge, false, kRounds) / 2, both = median_of(kLarge, true, kRounds);
   if (me != 0) return m;
   m.alpha = small;
-  m.beta = std::max(large - mid, 1e-12) / double(kLarge - kMid);
+  if (large <= mid) return m;  // (no slope to read: m.beta stays 0)
+  m.beta = (large - mid) / double(kLarge - kMid);
   m.delta = std::clamp((both - large) / (m.beta * double(kLarge)), 0.0, 1.0);
   return m;
 }
@@ -225,7 +230,8 @@ void automatic_setup(communicator<T>& comm) {
         pn = model::params_for(within, nm.widest());
         pt = model::params_for(between, comm.size());
         b.levels = true;
-        b.probe = nm.nodes() > 1 && env_int("COLLX_PROBE_LINK", 0ll, 1ll, 1ll) == 1;
+        // (only where the two-level model runs: several nodes, not one rank on each)
+        b.probe = !nm.flat() && env_int("COLLX_PROBE_LINK", 0ll, 1ll, 1ll) == 1;
         p.source = "node: " + pn.source + "; between nodes: " + pt.source;
       });
     }
@@ -249,6 +255,12 @@ void automatic_setup(communicator<T>& comm) {
       with_levels(comm.transport(), [&](const char*, const char*, const node_map& nm) {
         const link_measure m = measure_link_between_nodes(comm, nm);
         if (comm.rank() != 0 || m.peer < 0) return;  // (rank 0 has the numbers)
+        if (m.beta <= 0) {
+          const std::string src = std::string(b.source, strnlen(b.source, sizeof b.source)) +
+                                  "; between nodes: 1 MiB took no longer than 512 KiB, its numbers kept";
+          std::snprintf(b.source, sizeof b.source, "%s", src.c_str());
+          return;
+        }
         b.net.alpha = m.alpha;
         b.net.beta = m.beta;
         b.net.delta = m.delta;

@@ -34,7 +34,7 @@ inline constexpr variable variables[] = {
      "ranks keep the fastest (algo/automatic.hpp); default 0 (the model alone)"},
     {"COLLX_PROBE_LINK", "0 or 1",
      "transport::two_level on several nodes: algo::automatic's first call measures the link between nodes (α, β, δ: "
-     "collectives/common.hpp, docs/nodes.md); 0: the transport's calibration file or shipped numbers instead; default 1"},
+     "collectives/common.hpp, docs/nodes.md); 0: the transport's calibration file or shipped numbers instead (rank 0's value counts; the probe's calls have the communicator's deadlines); default 1"},
     {"COLLX_DETERMINISTIC", "0 or 1",
      "1: every all_reduce, reduce_scatter and reduce of floating-point elements gives the ranks' inputs reduced in rank order, "
      "bit for bit the same whatever the policy, size, layout and transport (options::deterministic, algo/deterministic.hpp); "

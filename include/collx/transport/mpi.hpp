@@ -407,9 +407,11 @@ class mpi {
     bool moved = false;
     if (!st.head_done) {
       if (!aside_[std::size_t(d.peer)].empty()) {  // recv_any took it already
-        b = std::move(aside_[std::size_t(d.peer)].front());
+        const std::vector<std::byte>& a = aside_[std::size_t(d.peer)].front();
+        if (b.size() < a.size()) b.resize(a.size());  // (copied in: b keeps what it has grown to)
+        std::copy(a.begin(), a.end(), b.begin());
+        st.got = a.size();
         aside_[std::size_t(d.peer)].pop_front();
-        st.got = b.size();
       } else {
         if (!st.head_posted) {
           // (the buffer only grows: a resize down and up again would zero 4 KiB per receive)
