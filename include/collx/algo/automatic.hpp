@@ -14,8 +14,8 @@
 // (`ring,broadcast=tree`: a collective named explicitly takes its own). `automatic` is allowed
 // and means the model. `two_level` names algo::two_level: it runs on a communicator laid out on
 // several nodes, for a collective and op it has a form for, and elsewhere (a non-commutative op
-// too, per collective or not) the model chooses. A misspelt name, or a policy that has no schedule for the collective
-// named, is an errc::invalid_argument error, never a silent default; a per-collective override
+// too, per collective or not) the model chooses. A misspelt name, or a policy that has no
+// schedule for the collective named, is an errc::invalid_argument error, never a silent default; a per-collective override
 // of a flat policy that cannot honour a non-commutative op is an error at the call, a global one
 // yields to the model for that call.
 //
